@@ -1,0 +1,240 @@
+"""Micro-benchmark of the InPlace-ABN kernels against PyTorch's BN + leaky ReLU.
+
+Run as ``python -m experiments.bench_kernels [--shape N C H W] [--dtype float32|float64]
+[--threads T] [--repeats R] [--warmup W] [--device cpu|cuda] [--out PATH]``.
+
+Measurements (each the median/min/max of ``--repeats`` timed runs after ``--warmup`` untimed
+ones; inputs are prepared outside the timed region):
+
+* ``inplace_abn_fwd_bwd_I`` / ``inplace_abn_fwd_bwd_II``: ``InPlaceABN`` (training mode,
+  leaky ReLU 0.01) forward + backward with a fixed incoming gradient. The input is a fresh
+  non-leaf ``base.clone()`` for every run, as an in-place layer needs;
+* ``composite_fwd_bwd``: ``F.batch_norm(training=True)`` + ``F.leaky_relu(0.01)`` forward +
+  backward through autograd, on the same kind of input and gradient;
+* ``inplace_abn_fwd_I``: the ``InPlaceABN`` forward alone, under ``torch.no_grad()`` in
+  training mode (batch statistics), on a buffer refilled from the source before every run;
+* ``copy``: ``dst.copy_(src)`` of one tensor of the same shape, the memory-traffic floor.
+
+Derived: ``speedup_vs_composite_I``/``_II`` (composite time / in-place time),
+``forward_over_copy`` (in-place forward time / copy time) and, under ``results.copy``, the
+copy's ``effective_bandwidth_GBps`` (2 * tensor bytes / time, one read and one write).
+
+Writes one JSON file (atomically) with ``config``, ``results``, ``ratios`` and
+``environment``; default path ``artifacts/bench_kernels/<device>.json``.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+import numba
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from layers import InPlaceABN
+
+from .artifacts import write_json_atomic
+from .environment import describe_environment
+from .timing import time_callable
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+ACTIVATION = "leaky_relu"
+SLOPE = 0.01
+MOMENTUM = 0.1
+EPS = 1e-5
+SEED = 0
+
+
+# --------------------------------------------------------------------------- arguments
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.bench_kernels",
+        description="Time InPlace-ABN forward/backward against BN + leaky ReLU and a copy.",
+    )
+    parser.add_argument("--shape", type=int, nargs=4, metavar=("N", "C", "H", "W"),
+                        default=[32, 256, 56, 56], help="input shape (default: 32 256 56 56)")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="threads for torch and numba (default: 2)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed runs (default: 10)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed runs first (default: 2)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON output (default: artifacts/bench_kernels/<device>.json)")
+    args = parser.parse_args(argv)
+
+    n, c, h, w = args.shape
+    if min(args.shape) < 1:
+        parser.error(f"--shape {n} {c} {h} {w}: every size must be >= 1")
+    if n * h * w < 2:
+        parser.error(f"--shape {n} {c} {h} {w}: training-mode batch norm needs more than one "
+                     "value per channel (N * H * W >= 2)")
+    if args.threads < 1:
+        parser.error(f"--threads {args.threads}: must be >= 1")
+    if args.threads > numba.config.NUMBA_NUM_THREADS:
+        parser.error(f"--threads {args.threads}: numba can use at most "
+                     f"{numba.config.NUMBA_NUM_THREADS} threads here (NUMBA_NUM_THREADS)")
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: must be >= 1")
+    if args.warmup < 0:
+        parser.error(f"--warmup {args.warmup}: must be >= 0")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda was requested, but no CUDA GPU is available "
+                     "(torch.cuda.is_available() is False); use --device cpu")
+    if args.out is None:
+        args.out = Path("artifacts") / "bench_kernels" / f"{args.device}.json"
+    if args.out.exists() and args.out.is_dir():
+        parser.error(f"--out {args.out}: is a directory, expected a file path")
+    return args
+
+
+# --------------------------------------------------------------------------- measurements
+class _Composite(torch.nn.Module):
+    """``F.batch_norm`` (training) + ``F.leaky_relu``, the standard out-of-place pair."""
+
+    def __init__(self, channels, options):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(channels, **options))
+        self.bias = torch.nn.Parameter(torch.zeros(channels, **options))
+        self.register_buffer("running_mean", torch.zeros(channels, **options))
+        self.register_buffer("running_var", torch.ones(channels, **options))
+
+    def forward(self, x):
+        y = F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                         training=True, momentum=MOMENTUM, eps=EPS)
+        return F.leaky_relu(y, SLOPE)
+
+
+def _measurements(shape, dtype, device):
+    """``[(name, fn, setup)]`` for :func:`time_callable`, sharing the input tensors."""
+    generator = torch.Generator().manual_seed(SEED)
+    src = torch.randn(shape, generator=generator, dtype=dtype).to(device)
+    grad = torch.randn(shape, generator=generator, dtype=dtype).to(device)
+    channels = shape[1]
+    options = dict(dtype=dtype, device=device)
+
+    # Source of the fresh non-leaf inputs of the fwd+bwd runs: x = base.clone() is what an
+    # in-place layer accepts (a leaf that requires grad is refused).
+    base = src.clone().requires_grad_(True)
+
+    def fresh_input(module):
+        def setup():
+            base.grad = None
+            module.zero_grad(set_to_none=True)
+            return base.clone()
+        return setup
+
+    def fwd_bwd(module):
+        def run(x):
+            module(x).backward(grad)
+        return run
+
+    abn = {variant: InPlaceABN(channels, activation=ACTIVATION, activation_param=SLOPE,
+                               momentum=MOMENTUM, eps=EPS, variant=variant, **options).train()
+           for variant in ("I", "II")}
+
+    composite = _Composite(channels, options)
+
+    # Forward only: refill one buffer from src (untimed), normalise it in place (timed).
+    buffer = torch.empty_like(src)
+    forward_layer = abn["I"]
+
+    def refill():
+        buffer.copy_(src)
+        return buffer
+
+    def forward_only(x):
+        with torch.no_grad():
+            forward_layer(x)
+
+    dst = torch.empty_like(src)
+
+    return [
+        ("inplace_abn_fwd_bwd_I", fwd_bwd(abn["I"]), fresh_input(abn["I"])),
+        ("inplace_abn_fwd_bwd_II", fwd_bwd(abn["II"]), fresh_input(abn["II"])),
+        ("composite_fwd_bwd", fwd_bwd(composite), fresh_input(composite)),
+        ("inplace_abn_fwd_I", forward_only, refill),
+        ("copy", lambda: dst.copy_(src), None),
+    ]
+
+
+def _ratios(results):
+    def ratio(numerator, denominator):
+        return results[numerator]["median_s"] / results[denominator]["median_s"]
+
+    return {
+        "speedup_vs_composite_I": ratio("composite_fwd_bwd", "inplace_abn_fwd_bwd_I"),
+        "speedup_vs_composite_II": ratio("composite_fwd_bwd", "inplace_abn_fwd_bwd_II"),
+        "forward_over_copy": ratio("inplace_abn_fwd_I", "copy"),
+    }
+
+
+def run_benchmark(args):
+    """Run every measurement; return the JSON-serialisable report."""
+    torch.set_num_threads(args.threads)
+    numba.set_num_threads(args.threads)
+    torch.manual_seed(SEED)
+    shape, dtype, device = tuple(args.shape), DTYPES[args.dtype], torch.device(args.device)
+    tensor_bytes = torch.Size(shape).numel() * dtype.itemsize
+
+    results = {}
+    with tqdm(_measurements(shape, dtype, device), desc="bench_kernels", unit="measurement",
+              file=sys.stderr) as bar:
+        for name, fn, setup in bar:
+            bar.set_postfix_str(name)
+            results[name] = time_callable(fn, args.warmup, args.repeats, device, setup=setup)
+    results["copy"]["effective_bandwidth_GBps"] = 2 * tensor_bytes / results["copy"]["median_s"] / 1e9
+
+    config = {
+        "shape": list(shape),
+        "dtype": args.dtype,
+        "tensor_bytes": tensor_bytes,
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "device": args.device,
+        "activation": ACTIVATION,
+        "activation_param": SLOPE,
+        "momentum": MOMENTUM,
+        "eps": EPS,
+        "seed": SEED,
+    }
+    return {
+        "benchmark": "bench_kernels",
+        "config": config,
+        "results": results,
+        "ratios": _ratios(results),
+        "environment": describe_environment(device),
+    }
+
+
+def format_summary(report):
+    """A short human-readable table of the report."""
+    config, results, ratios = report["config"], report["results"], report["ratios"]
+    env = report["environment"]
+    lines = [
+        f"bench_kernels: shape {'x'.join(map(str, config['shape']))} {config['dtype']} on "
+        f"{config['device']} ({env['device_name']}), {config['threads']} threads, "
+        f"{config['repeats']} repeats after {config['warmup']} warm-up",
+        f"{'measurement':<24}{'median ms':>12}{'min ms':>12}{'max ms':>12}",
+    ]
+    for name, r in results.items():
+        lines.append(f"{name:<24}{r['median_s'] * 1e3:>12.2f}{r['min_s'] * 1e3:>12.2f}"
+                     f"{r['max_s'] * 1e3:>12.2f}")
+    lines.append(f"copy effective bandwidth: {results['copy']['effective_bandwidth_GBps']:.2f} GB/s")
+    for name, value in ratios.items():
+        lines.append(f"{name:<24}{value:>12.3f}")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    report = run_benchmark(args)
+    path = write_json_atomic(args.out, report)
+    print(format_summary(report))
+    print(f"wrote {path}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,358 @@
+"""Autograd functions behind the ABN modules: ``abn`` and ``inplace_abn``.
+
+``abn`` is batch normalization followed by an activation, out of place: it saves its input
+``x`` and its output ``z`` for backward, as standard BN + activation does (Fig. 2(a) of the
+InPlace-ABN paper).
+
+``inplace_abn`` writes ``z = act(BN(x))`` into the storage of ``x`` and saves only ``z`` and
+per-channel vectors (Algorithm 1). Its backward recovers what it needs from ``z`` by inverting
+the activation (Algorithm 2), in one of the paper's two ways:
+
+* ``variant="I"`` (Fig. 2(d)): ``x_hat = (y - beta) / gamma`` is recovered per element and the
+  gradients are taken in ``x_hat``;
+* ``variant="II"`` (Fig. 2(e), §3.3): the gradients are written directly in ``y``, which folds
+  the inversion of the affine step into per-channel constants.
+
+Scale parametrization (``scale_mode``): with ``"abs"`` (the default, as in the authors' release)
+the per-channel scale is ``gamma = |weight| + eps``, so it can always be inverted; the gradient
+of ``weight`` is then ``sign(weight) * dL/dgamma``. With ``"bn"`` the scale is ``gamma = weight``
+exactly as in ``nn.BatchNorm2d``, so weights trained with standard BN load unchanged; an
+in-place layer then refuses (before touching its input) to run a differentiable forward in
+which some ``|weight| < eps``, because such a scale cannot be inverted reliably in backward.
+
+With ``group`` set and ``torch.distributed`` initialised, ``inplace_abn`` combines the batch
+statistics and the two backward reductions across the ranks of ``group``, weighted by each
+rank's element count, which gives the exact full-batch result whatever the per-rank batch sizes
+(InPlace-ABN^sync). Each rank's ``weight``/``bias`` gradient is its own share of the full-batch
+gradient, as with ``nn.SyncBatchNorm``: summing them over ranks gives the full-batch gradient.
+"""
+import torch
+from torch.autograd.function import once_differentiable
+
+from . import distributed
+from .kernels import backend, common
+
+#: Activations of ``abn``; name -> (kernel code, default parameter).
+ACTIVATIONS = {
+    "leaky_relu": (common.ACT_LEAKY_RELU, 0.01),
+    "elu": (common.ACT_ELU, 1.0),
+    "identity": (common.ACT_IDENTITY, 0.0),
+    "relu": (common.ACT_RELU, 0.0),
+}
+#: Activations of ``inplace_abn``: those that can be inverted.
+INVERTIBLE_ACTIVATIONS = ("leaky_relu", "elu", "identity")
+VARIANTS = ("I", "II")
+SCALE_MODES = ("abs", "bn")
+DTYPES = (torch.float32, torch.float64)
+
+
+# --------------------------------------------------------------------------- validation
+def check_activation(activation, activation_param, inplace):
+    """Validate an activation name and parameter; return ``(kernel code, parameter)``."""
+    allowed = INVERTIBLE_ACTIVATIONS if inplace else tuple(ACTIVATIONS)
+    if activation not in allowed:
+        reason = " (relu is not invertible: use leaky_relu)" if activation == "relu" else ""
+        raise ValueError(
+            f"activation={activation!r} is not supported{reason}; allowed: {', '.join(allowed)}"
+        )
+    code, default = ACTIVATIONS[activation]
+    param = default if activation_param is None else float(activation_param)
+    if activation == "leaky_relu" and inplace and not param > 0:
+        raise ValueError(
+            f"activation_param={param} for leaky_relu is not invertible in place: "
+            "the slope must be > 0"
+        )
+    if activation == "elu" and not param > 0:
+        raise ValueError(f"activation_param={param} for elu: alpha must be > 0")
+    return code, param
+
+
+def check_choice(name, value, allowed):
+    """Raise a ValueError naming ``name`` unless ``value`` is one of ``allowed``."""
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not supported; allowed: {', '.join(allowed)}")
+
+
+def _check_input(x, weight, bias, running_mean, running_var, training, eps, momentum):
+    if not isinstance(x, torch.Tensor) or x.dtype not in DTYPES:
+        dtype = getattr(x, "dtype", type(x).__name__)
+        raise TypeError(f"input must be a float32 or float64 tensor, got {dtype}")
+    if x.dim() < 2:
+        raise ValueError(f"input must have shape (N, C, *), got {tuple(x.shape)}")
+    channels = x.shape[1]
+    for name, t in (("weight", weight), ("bias", bias),
+                    ("running_mean", running_mean), ("running_var", running_var)):
+        if t is not None and tuple(t.shape) != (channels,):
+            raise ValueError(
+                f"{name} has shape {tuple(t.shape)}, expected ({channels},) for an input "
+                f"with {channels} channels (input shape {tuple(x.shape)})"
+            )
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} is on {t.device}, input on {x.device}")
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("running_mean and running_var must be given together")
+    if not training and running_mean is None:
+        raise ValueError("training=False needs running_mean and running_var")
+    if training and x.numel() // max(channels, 1) <= 1:
+        raise ValueError(
+            f"expected more than 1 value per channel when training, got input of shape "
+            f"{tuple(x.shape)}"
+        )
+    if not eps > 0:
+        raise ValueError(f"eps={eps} must be > 0")
+    if not 0.0 <= momentum <= 1.0:
+        raise ValueError(f"momentum={momentum} must lie in [0, 1]")
+
+
+def _check_inplace_input(x, weight, eps, scale_mode):
+    """Refuse in-place calls whose gradient would be wrong, before ``x`` is overwritten."""
+    if not torch.is_grad_enabled():
+        return
+    if x.requires_grad and x.is_leaf:
+        raise ValueError(
+            "input is a leaf tensor that requires grad: an in-place layer would overwrite it; "
+            "pass a non-leaf tensor (e.g. the output of a convolution) or input.clone()"
+        )
+    node = x.grad_fn
+    if x.requires_grad and isinstance(node, _InPlaceABN._backward_cls):
+        raise ValueError(
+            "input is the output of another in-place ABN layer, which saved it for its "
+            "backward; overwriting it would corrupt that layer's gradient: pass input.clone()"
+        )
+    differentiable = x.requires_grad or (weight is not None and weight.requires_grad)
+    if differentiable and scale_mode == "bn" and weight is not None:
+        smallest = weight.detach().abs().min().item()
+        if smallest < eps:
+            raise ValueError(
+                f"scale_mode='bn' needs |weight| >= eps={eps} to invert the scale in backward, "
+                f"but min |weight| = {smallest:.3g}; use scale_mode='abs' or re-initialise weight"
+            )
+
+
+# --------------------------------------------------------------------------- layouts
+def _layout(x):
+    """``"ncs"`` for contiguous tensors, ``"mc"`` for channels-last ones, else ``None``."""
+    if x.is_contiguous():
+        return "ncs"
+    if x.movedim(1, -1).is_contiguous():
+        return "mc"
+    return None
+
+
+def _view(x, layout):
+    """The canonical kernel view of ``x`` in ``layout``, copying only if ``x`` is not in it."""
+    n, c = x.shape[:2]
+    if layout == "ncs":
+        return x.contiguous().view(n, c, -1)
+    return x.movedim(1, -1).contiguous().view(-1, c)
+
+
+def _empty_like_layout(x, layout):
+    """An uninitialised tensor shaped like ``x`` and laid out in ``layout``."""
+    if layout == "ncs":
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return torch.empty(x.movedim(1, -1).shape, dtype=x.dtype, device=x.device).movedim(-1, 1)
+
+
+# --------------------------------------------------------------------------- shared steps
+def _scale_and_shift(weight, bias, channels, eps, scale_mode, like):
+    """Per-channel ``gamma``, ``beta`` and ``d gamma / d weight`` (float64)."""
+    options = dict(dtype=torch.float64, device=like.device)
+    if weight is None:
+        gamma = torch.ones(channels, **options)
+        dgamma_dweight = torch.zeros(channels, **options)
+    elif scale_mode == "abs":
+        w = weight.detach().double()
+        gamma = w.abs() + eps
+        dgamma_dweight = w.sign()
+    else:
+        gamma = weight.detach().double()
+        dgamma_dweight = torch.ones(channels, **options)
+    beta = torch.zeros(channels, **options) if bias is None else bias.detach().double()
+    return gamma, beta, dgamma_dweight
+
+
+def _statistics(view, running_mean, running_var, training, momentum, eps, group):
+    """Normalisation ``(mean, rstd)`` in float64 and the (global) count per channel.
+
+    In training the batch statistics are used (combined over ``group``) and the running
+    statistics, if given, are updated as ``nn.BatchNorm2d`` does (unbiased variance).
+    """
+    count = view.numel() // view.shape[-1 if view.dim() == 2 else 1]
+    if not training:
+        mean, var = running_mean.double(), running_var.double()
+    else:
+        moments = backend(view).moments(view)
+        mean, m2, count = distributed.combine_moments(moments, count, group)
+        var = m2 / count
+        if running_mean is not None:
+            with torch.no_grad():
+                running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
+                unbiased = (m2 / max(count - 1, 1)).to(running_var.dtype)
+                running_var.mul_(1 - momentum).add_(unbiased, alpha=momentum)
+    return mean, torch.rsqrt(var + eps), count
+
+
+def _normalize_activate(x, out, weight, bias, running_mean, running_var, training, momentum,
+                        eps, act, slope, scale_mode, group):
+    """Run the forward ``out = act(gamma * x_hat + beta)``; return the per-channel state.
+
+    ``out`` may be ``x`` (in place). Returns a (6, C) float64 tensor of
+    ``[gamma, beta, dgamma_dweight, mean, rstd, count]`` rows, everything backward needs
+    besides the activation-sized tensors.
+    """
+    layout = _layout(x) or "ncs"  # any other layout runs on a contiguous copy
+    view = _view(x, layout)
+    mean, rstd, count = _statistics(view, running_mean, running_var, training, momentum, eps,
+                                    group)
+    gamma, beta, dgamma_dweight = _scale_and_shift(weight, bias, x.shape[1], eps, scale_mode, x)
+    a = gamma * rstd
+    b = beta - mean * a
+    out_view = view if out is x else _view(out, layout)
+    backend(view).forward(view, out_view, a.to(x.dtype), b.to(x.dtype), act, slope)
+    if out_view.data_ptr() != out.data_ptr():  # out was not in a canonical layout
+        out.copy_(out_view.view(out.shape))
+    counts = torch.full_like(mean, float(count))
+    return torch.stack([gamma, beta, dgamma_dweight, mean, rstd, counts])
+
+
+def _input_gradient_coefficients(channel, sums, training, variant_y):
+    """Per-channel ``(k0, k1, k2)`` of ``dx = dy * k0 + v * k1 + k2`` (float64, (3, C)).
+
+    ``sums`` are the global ``[sum dy, sum dy*v]``. With ``variant_y`` the value ``v`` is
+    ``y`` (InPlace-ABN II), else ``x_hat`` (InPlace-ABN I and ABN).
+    """
+    gamma, beta, _, _, rstd, count = channel
+    k0 = gamma * rstd
+    if not training:  # running statistics do not depend on x
+        zeros = torch.zeros_like(k0)
+        return torch.stack([k0, zeros, zeros])
+    sum_dy, sum_dy_v = sums
+    if variant_y:
+        # dx = [dy - dgamma * y / (gamma m) - (dbeta - beta / gamma * dgamma) / m] gamma rstd.
+        # (§3.3 prints "+ beta / gamma"; substituting x_hat = (y - beta) / gamma into the
+        # variant-I formula gives "-", which the float64 tests against autograd confirm.)
+        dgamma = (sum_dy_v - beta * sum_dy) / gamma
+        k1 = -dgamma * rstd / count
+        k2 = -(sum_dy - beta / gamma * dgamma) / count * k0
+    else:
+        k1 = -sum_dy_v / count * k0
+        k2 = -sum_dy / count * k0
+    return torch.stack([k0, k1, k2])
+
+
+def _backward(ctx, z, dz, x, channel):
+    """Gradients ``(dx, dweight, dbias)`` shared by ``abn`` and ``inplace_abn``."""
+    gamma, beta, dgamma_dweight, mean, rstd, _ = channel
+    layout = _layout(z) or "ncs"
+    z_view, dz_view = _view(z, layout), _view(dz, layout)
+    x_view = z_view if x is None else _view(x, layout)
+    kernels = backend(z_view)
+    if ctx.mode == common.MODE_XHAT_FROM_X:
+        p, q = rstd, -mean * rstd
+    else:  # v recovered from z; p, q only used by variant I
+        p, q = 1.0 / gamma, -beta / gamma
+    p, q = p.to(z.dtype), q.to(z.dtype)
+    local = kernels.backward_reduce(z_view, dz_view, x_view, p, q, ctx.act, ctx.slope, ctx.mode)
+    variant_y = ctx.mode == common.MODE_Y
+
+    def dgamma_of(sums):
+        return (sums[1] - beta * sums[0]) / gamma if variant_y else sums[1]
+
+    dx = None
+    if ctx.needs_input_grad[0]:
+        sums = distributed.all_reduce_sum(local.clone(), ctx.group) if ctx.training else local
+        coef = _input_gradient_coefficients(channel, sums, ctx.training, variant_y)
+        dx = _empty_like_layout(z, layout)
+        dx_view = _view(dx, layout)
+        kernels.backward_input(z_view, dz_view, x_view, p, q, coef.to(z.dtype), ctx.act,
+                               ctx.slope, ctx.mode, dx_view)
+    dweight = (dgamma_of(local) * dgamma_dweight).to(ctx.param_dtype) if ctx.has_weight else None
+    dbias = local[0].to(ctx.param_dtype) if ctx.has_bias else None
+    return dx, dweight, dbias
+
+
+def _remember(ctx, training, act, slope, mode, group, weight, bias):
+    ctx.training, ctx.act, ctx.slope, ctx.mode, ctx.group = training, act, slope, mode, group
+    ctx.has_weight, ctx.has_bias = weight is not None, bias is not None
+    ctx.param_dtype = weight.dtype if weight is not None else (
+        bias.dtype if bias is not None else torch.float32)
+
+
+# --------------------------------------------------------------------------- functions
+class _ABN(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps, act,
+                slope, scale_mode):
+        layout = _layout(x) or "ncs"
+        out = _empty_like_layout(x, layout)
+        channel = _normalize_activate(x, out, weight, bias, running_mean, running_var,
+                                      training, momentum, eps, act, slope, scale_mode, None)
+        _remember(ctx, training, act, slope, common.MODE_XHAT_FROM_X, None, weight, bias)
+        ctx.save_for_backward(x, out, channel)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dz):
+        x, z, channel = ctx.saved_tensors
+        return (*_backward(ctx, z, dz, x, channel),) + (None,) * 8
+
+
+class _InPlaceABN(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps, act,
+                slope, scale_mode, variant, group):
+        channel = _normalize_activate(x, x, weight, bias, running_mean, running_var, training,
+                                      momentum, eps, act, slope, scale_mode, group)
+        mode = common.MODE_Y if variant == "II" else common.MODE_XHAT_FROM_Y
+        _remember(ctx, training, act, slope, mode, group, weight, bias)
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(x, channel)
+        return x
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dz):
+        z, channel = ctx.saved_tensors
+        return (*_backward(ctx, z, dz, None, channel),) + (None,) * 10
+
+
+def abn(input, weight=None, bias=None, running_mean=None, running_var=None, training=True,
+        momentum=0.1, eps=1e-5, activation="leaky_relu", activation_param=None,
+        scale_mode="abs"):
+    """Batch normalization + activation, out of place (saves ``input`` and the output).
+
+    Arguments follow ``torch.nn.functional.batch_norm``; ``activation`` is one of
+    ``leaky_relu`` (default slope 0.01), ``elu`` (default alpha 1), ``identity``, ``relu``,
+    with its parameter ``activation_param``. ``scale_mode`` is ``"abs"`` (scale
+    ``|weight| + eps``) or ``"bn"`` (scale ``weight``); see the module docstring.
+    """
+    act, slope = check_activation(activation, activation_param, inplace=False)
+    check_choice("scale_mode", scale_mode, SCALE_MODES)
+    _check_input(input, weight, bias, running_mean, running_var, training, eps, momentum)
+    return _ABN.apply(input, weight, bias, running_mean, running_var, training, momentum, eps,
+                      act, slope, scale_mode)
+
+
+def inplace_abn(input, weight=None, bias=None, running_mean=None, running_var=None,
+                training=True, momentum=0.1, eps=1e-5, activation="leaky_relu",
+                activation_param=None, scale_mode="abs", variant="I", group=None):
+    """In-place activated batch normalization: overwrites and returns ``input``.
+
+    As :func:`abn`, with ``activation`` restricted to invertible ones (``leaky_relu`` with a
+    positive slope, ``elu``, ``identity``), ``variant`` ``"I"`` or ``"II"`` choosing the
+    backward pass, and ``group`` a ``torch.distributed`` process group to synchronise the
+    statistics over (``None``: no synchronisation).
+    """
+    act, slope = check_activation(activation, activation_param, inplace=True)
+    check_choice("variant", variant, VARIANTS)
+    check_choice("scale_mode", scale_mode, SCALE_MODES)
+    _check_input(input, weight, bias, running_mean, running_var, training, eps, momentum)
+    _check_inplace_input(input, weight, eps, scale_mode)
+    return _InPlaceABN.apply(input, weight, bias, running_mean, running_var, training, momentum,
+                             eps, act, slope, scale_mode, variant, group)
+
+
+__all__ = ["abn", "inplace_abn", "ACTIVATIONS", "INVERTIBLE_ACTIVATIONS", "VARIANTS",
+           "SCALE_MODES"]

@@ -1,0 +1,45 @@
+"""Kernel backends of the ABN layers, chosen by the tensor's device.
+
+Two modules implement one API on the canonical views of :mod:`layers.kernels.common`:
+:mod:`layers.kernels.cpu` (``numba.njit``, parallel) and :mod:`layers.kernels.cuda`
+(``numba.cuda``, zero-copy on torch's current stream)::
+
+    moments(x) -> (2, C) float64                      # per-channel [mean, M2]
+    forward(x, out, a, b, act, slope)                 # out = act(x * a + b), out may be x
+    backward_reduce(z, dz, x, p, q, act, slope, mode) -> (2, C) float64  # [sum dy, sum dy*v]
+    backward_input(z, dz, x, p, q, coef, act, slope, mode, out)  # out = dy*k0 + v*k1 + k2
+
+CUDA tensors always run the CUDA kernels. CPU tensors run the CPU kernels, unless the
+environment variable ``LAYERS_KERNELS=cudasim`` is set when :mod:`layers` is imported: then they
+run the CUDA kernels under numba's CUDA simulator, which tests the CUDA code end to end on a
+machine without a GPU (slowly: use small tensors).
+"""
+import importlib
+import os
+
+#: Values of ``LAYERS_KERNELS``: ``cpu`` (default) or ``cudasim``.
+CPU_CHOICES = ("cpu", "cudasim")
+
+_cpu_choice = os.environ.get("LAYERS_KERNELS", "cpu")
+if _cpu_choice not in CPU_CHOICES:
+    raise ValueError(
+        f"LAYERS_KERNELS={_cpu_choice!r} is not supported: use one of {', '.join(CPU_CHOICES)}"
+    )
+if _cpu_choice == "cudasim":
+    # numba reads this when numba.cuda is first imported, so it is set before anything is.
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+
+def backend(tensor):
+    """The kernel module for ``tensor``'s device (imported, and so compiled, on first use)."""
+    if tensor.is_cuda or _cpu_choice == "cudasim":
+        module = importlib.import_module(".cuda", __name__)
+        if not tensor.is_cuda and not module.SIMULATOR:
+            raise RuntimeError(
+                "LAYERS_KERNELS=cudasim needs numba's CUDA simulator, but numba.cuda was imported "
+                "before layers without it: set LAYERS_KERNELS before importing numba"
+            )
+        return module
+    if tensor.device.type != "cpu":
+        raise ValueError(f"input: tensors on {tensor.device.type} are not supported (cpu, cuda)")
+    return importlib.import_module(".cpu", __name__)

@@ -1,0 +1,527 @@
+"""CUDA backend of the InPlace-ABN kernels, written with ``numba.cuda``.
+
+Implements the same API as ``cpu.py`` (``moments``, ``forward``, ``backward_reduce``,
+``backward_input``) on CUDA torch tensors, and on CPU torch tensors under numba's CUDA simulator
+(``NUMBA_ENABLE_CUDASIM=1``), which the tests use on machines without a GPU.
+
+Launch geometry
+---------------
+Every kernel runs on a 2-D grid ``(channel blocks, chunks)``: ``blockIdx.y`` picks a contiguous
+chunk of the elements of the channel(s) of ``blockIdx.x``, so a channel's parameters are loaded
+once per thread and a reduction block only ever sums one channel (or one tile of channels).
+
+* ``(N, C, S)`` view: one block of ``_THREADS`` threads per (channel, chunk). The chunk is a range
+  of the channel's flattened ``(n, s)`` index; consecutive threads take consecutive ``s``, so the
+  loads are coalesced, and each thread steps its ``(n, s)`` by ``divmod(_THREADS, S)`` without
+  dividing per element.
+* ``(M, C)`` channels-last view: blocks of ``(_TILE_C, _ROWS)`` threads; ``threadIdx.x`` runs along
+  the channels (one warp reads ``_TILE_C`` adjacent channels of a row: coalesced) and
+  ``threadIdx.y`` along the rows of the block's chunk of rows.
+
+The number of chunks aims at ``_TARGET_BLOCKS`` blocks in all (enough to fill a large GPU) while
+giving every thread at least ``_MIN_ITEMS`` elements.
+
+Reductions (``moments``, ``backward_reduce``) take two launches: the first accumulates float64
+sums per thread, reduces them with a shared-memory tree per block and writes one partial per
+(channel, chunk) to a ``(2, chunks, C)`` float64 buffer; the second sums the partials of each
+channel, one thread per channel. ``forward`` and ``backward_input`` are one launch each.
+
+``moments`` accumulates ``x - k`` with ``k = x[0, c, 0]`` (resp. ``x[0, c]``), a sample of the
+channel shared by all its chunks, so the partials add up exactly as plain sums and a channel with
+a mean far larger than its spread keeps its variance (no cancellation between ``sum(x^2)`` and
+``mean^2``). The first kernel parks ``k`` in the mean row of the result, where the second adds the
+mean of the shifted values to it.
+
+Launching
+---------
+Kernels are compiled lazily, once per signature, and cached on disk (``cache=True``); importing
+this module compiles nothing and needs no GPU. On real CUDA tensors the arrays are zero-copy views
+(``numba.cuda.as_cuda_array``) and every launch goes to torch's current stream of the tensors'
+device, so it is ordered with the surrounding torch work without any synchronisation. Under the
+simulator the arrays are the tensors' ``numpy()`` views and the default stream is used (the
+simulator copies each array in and writes it back in argument order, so an ``out`` that aliases
+an earlier argument still ends up holding the result).
+
+Run ``python -m layers.kernels.cuda --ptx 7.5 8.0 9.0`` to compile every kernel in ``KERNELS`` to
+PTX for these compute capabilities (no GPU needed).
+"""
+import argparse
+import functools
+import math
+import sys
+
+import numba
+import numpy as np
+import torch
+from numba import cuda
+
+from . import common
+from .common import MODE_XHAT_FROM_X, MODE_XHAT_FROM_Y, MODE_Y
+
+_SIMULATED = bool(numba.config.ENABLE_CUDASIM)
+
+_THREADS = 256  # threads per block of the main kernels
+_TILE_C = 32  # channels per block in the (M, C) view: one warp wide
+_ROWS = _THREADS // _TILE_C  # rows per block step in the (M, C) view
+_TARGET_BLOCKS = 1024  # ~8 resident 256-thread blocks on each SM of a 132-SM GPU
+_MIN_ITEMS = 4  # elements per thread before another chunk is added
+_MAX_CHUNKS = 1024  # bounds the work of the per-channel partial sums
+_FINISH_THREADS = 128  # threads per block of the partial-summing kernels
+
+_device = cuda.jit(device=True, inline="always")
+_act_forward = _device(common.act_forward)
+_act_inverse = _device(common.act_inverse)
+_act_grad = _device(common.act_grad)
+
+
+# --------------------------------------------------------------------------------------------
+# Device helpers
+
+
+@_device
+def _walk_start_3d(length, span, size_s):
+    """First position of this thread in its block's chunk of a channel of an ``(N, C, S)`` view.
+
+    Returns ``(j, end, n, s, dn, ds)``: the flattened index ``j = n * S + s``, the chunk end, and
+    the ``(n, s)`` step for ``j += _THREADS``.
+    """
+    start = cuda.blockIdx.y * span
+    j = start + cuda.threadIdx.x
+    end = min(length, start + span)
+    return j, end, j // size_s, j % size_s, _THREADS // size_s, _THREADS % size_s
+
+
+@_device
+def _walk_next_3d(j, n, s, dn, ds, size_s):
+    """Advances ``(j, n, s)`` by ``_THREADS`` flattened positions, without a division."""
+    s += ds
+    n += dn
+    if s >= size_s:
+        s -= size_s
+        n += 1
+    return j + _THREADS, n, s
+
+
+@_device
+def _tile_start_2d(rows, span):
+    """Channel, first row and chunk end of this thread in an ``(M, C)`` view."""
+    start = cuda.blockIdx.y * span
+    c = cuda.blockIdx.x * _TILE_C + cuda.threadIdx.x
+    return c, start + cuda.threadIdx.y, min(rows, start + span)
+
+
+@_device
+def _block_sums(acc1, acc2, stop):
+    """Tree-sums ``acc1``, ``acc2`` over the block's threads ``t, t + stop, t + 2 stop, ...``.
+
+    ``t`` is the linear thread index (``threadIdx.x`` fastest); the sums land in threads
+    ``t < stop`` (``stop = 1``: the whole block; ``stop = _TILE_C``: each channel column).
+    """
+    t = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    sh1 = cuda.shared.array(_THREADS, numba.float64)
+    sh2 = cuda.shared.array(_THREADS, numba.float64)
+    sh1[t] = acc1
+    sh2[t] = acc2
+    cuda.syncthreads()
+    stride = _THREADS // 2
+    while stride >= stop:
+        if t < stride:
+            sh1[t] += sh1[t + stride]
+            sh2[t] += sh2[t + stride]
+        cuda.syncthreads()
+        stride //= 2
+    return sh1[t], sh2[t]
+
+
+@_device
+def _dy_v(z, dz, x, p, q, act, slope, mode):
+    """``(dy, v)`` of one element, as defined by the backward ``mode`` (see ``common``)."""
+    dy = _act_grad(z, dz, act, slope)
+    if mode == MODE_XHAT_FROM_X:
+        v = x * p + q
+    else:
+        v = _act_inverse(z, act, slope)
+        if mode == MODE_XHAT_FROM_Y:
+            v = v * p + q
+    return dy, v
+
+
+@_device
+def _sum_chunks(partials, c):
+    """Sums the per-chunk partials of channel ``c``."""
+    s1 = 0.0
+    s2 = 0.0
+    for g in range(partials.shape[1]):
+        s1 += partials[0, g, c]
+        s2 += partials[1, g, c]
+    return s1, s2
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels: (N, C, S) view
+
+
+def _moments_3d(x, span, out, partials):
+    """Partials of ``sum(x - k)``, ``sum((x - k)^2)``; stores ``k = x[0, c, 0]`` in ``out[0, c]``."""
+    c = cuda.blockIdx.x
+    k = float(x[0, c, 0])
+    acc1 = 0.0
+    acc2 = 0.0
+    j, end, n, s, dn, ds = _walk_start_3d(x.shape[0] * x.shape[2], span, x.shape[2])
+    while j < end:
+        d = float(x[n, c, s]) - k
+        acc1 += d
+        acc2 += d * d
+        j, n, s = _walk_next_3d(j, n, s, dn, ds, x.shape[2])
+    s1, s2 = _block_sums(acc1, acc2, 1)
+    if cuda.threadIdx.x == 0:
+        partials[0, cuda.blockIdx.y, c] = s1
+        partials[1, cuda.blockIdx.y, c] = s2
+        if cuda.blockIdx.y == 0:
+            out[0, c] = k
+
+
+def _grad_sums_3d(z, dz, x, p, q, act, slope, mode, span, partials):
+    """Partials of ``sum(dy)``, ``sum(dy * v)``."""
+    c = cuda.blockIdx.x
+    pc = p[c]
+    qc = q[c]
+    acc1 = 0.0
+    acc2 = 0.0
+    j, end, n, s, dn, ds = _walk_start_3d(z.shape[0] * z.shape[2], span, z.shape[2])
+    while j < end:
+        zv = z[n, c, s]
+        xv = x[n, c, s] if mode == MODE_XHAT_FROM_X else zv
+        dy, v = _dy_v(zv, dz[n, c, s], xv, pc, qc, act, slope, mode)
+        acc1 += dy
+        acc2 += float(dy) * v
+        j, n, s = _walk_next_3d(j, n, s, dn, ds, z.shape[2])
+    s1, s2 = _block_sums(acc1, acc2, 1)
+    if cuda.threadIdx.x == 0:
+        partials[0, cuda.blockIdx.y, c] = s1
+        partials[1, cuda.blockIdx.y, c] = s2
+
+
+def _forward_3d(x, out, a, b, act, slope, span):
+    """``out = act(x * a[c] + b[c])``."""
+    c = cuda.blockIdx.x
+    ac = a[c]
+    bc = b[c]
+    j, end, n, s, dn, ds = _walk_start_3d(x.shape[0] * x.shape[2], span, x.shape[2])
+    while j < end:
+        out[n, c, s] = _act_forward(x[n, c, s] * ac + bc, act, slope)
+        j, n, s = _walk_next_3d(j, n, s, dn, ds, x.shape[2])
+
+
+def _grad_input_3d(z, dz, x, p, q, coef, act, slope, mode, span, out):
+    """``out = dy * coef[0, c] + v * coef[1, c] + coef[2, c]``."""
+    c = cuda.blockIdx.x
+    pc = p[c]
+    qc = q[c]
+    c0 = coef[0, c]
+    c1 = coef[1, c]
+    c2 = coef[2, c]
+    j, end, n, s, dn, ds = _walk_start_3d(z.shape[0] * z.shape[2], span, z.shape[2])
+    while j < end:
+        zv = z[n, c, s]
+        xv = x[n, c, s] if mode == MODE_XHAT_FROM_X else zv
+        dy, v = _dy_v(zv, dz[n, c, s], xv, pc, qc, act, slope, mode)
+        out[n, c, s] = dy * c0 + v * c1 + c2
+        j, n, s = _walk_next_3d(j, n, s, dn, ds, z.shape[2])
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels: (M, C) channels-last view
+
+
+def _moments_2d(x, span, out, partials):
+    """Partials of ``sum(x - k)``, ``sum((x - k)^2)``; stores ``k = x[0, c]`` in ``out[0, c]``."""
+    c, m, end = _tile_start_2d(x.shape[0], span)
+    acc1 = 0.0
+    acc2 = 0.0
+    if c < x.shape[1]:
+        k = float(x[0, c])
+        while m < end:
+            d = float(x[m, c]) - k
+            acc1 += d
+            acc2 += d * d
+            m += _ROWS
+    s1, s2 = _block_sums(acc1, acc2, _TILE_C)
+    if cuda.threadIdx.y == 0 and c < x.shape[1]:
+        partials[0, cuda.blockIdx.y, c] = s1
+        partials[1, cuda.blockIdx.y, c] = s2
+        if cuda.blockIdx.y == 0:
+            out[0, c] = x[0, c]
+
+
+def _grad_sums_2d(z, dz, x, p, q, act, slope, mode, span, partials):
+    """Partials of ``sum(dy)``, ``sum(dy * v)``."""
+    c, m, end = _tile_start_2d(z.shape[0], span)
+    acc1 = 0.0
+    acc2 = 0.0
+    if c < z.shape[1]:
+        pc = p[c]
+        qc = q[c]
+        while m < end:
+            zv = z[m, c]
+            xv = x[m, c] if mode == MODE_XHAT_FROM_X else zv
+            dy, v = _dy_v(zv, dz[m, c], xv, pc, qc, act, slope, mode)
+            acc1 += dy
+            acc2 += float(dy) * v
+            m += _ROWS
+    s1, s2 = _block_sums(acc1, acc2, _TILE_C)
+    if cuda.threadIdx.y == 0 and c < z.shape[1]:
+        partials[0, cuda.blockIdx.y, c] = s1
+        partials[1, cuda.blockIdx.y, c] = s2
+
+
+def _forward_2d(x, out, a, b, act, slope, span):
+    """``out = act(x * a[c] + b[c])``."""
+    c, m, end = _tile_start_2d(x.shape[0], span)
+    if c < x.shape[1]:
+        ac = a[c]
+        bc = b[c]
+        while m < end:
+            out[m, c] = _act_forward(x[m, c] * ac + bc, act, slope)
+            m += _ROWS
+
+
+def _grad_input_2d(z, dz, x, p, q, coef, act, slope, mode, span, out):
+    """``out = dy * coef[0, c] + v * coef[1, c] + coef[2, c]``."""
+    c, m, end = _tile_start_2d(z.shape[0], span)
+    if c < z.shape[1]:
+        pc = p[c]
+        qc = q[c]
+        c0 = coef[0, c]
+        c1 = coef[1, c]
+        c2 = coef[2, c]
+        while m < end:
+            zv = z[m, c]
+            xv = x[m, c] if mode == MODE_XHAT_FROM_X else zv
+            dy, v = _dy_v(zv, dz[m, c], xv, pc, qc, act, slope, mode)
+            out[m, c] = dy * c0 + v * c1 + c2
+            m += _ROWS
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels: combining the partials, one thread per channel
+
+
+def _finish_moments(partials, count, out):
+    """``out[0] = k + sum(x - k) / count`` (``out[0]`` holds ``k``), ``out[1] = M2``."""
+    c = cuda.grid(1)
+    if c < out.shape[1]:
+        s1, s2 = _sum_chunks(partials, c)
+        out[0, c] += s1 / count
+        out[1, c] = s2 - s1 * (s1 / count)
+
+
+def _finish_sums(partials, out):
+    """``out[:, c]`` = the sums of the partials of channel ``c``."""
+    c = cuda.grid(1)
+    if c < out.shape[1]:
+        s1, s2 = _sum_chunks(partials, c)
+        out[0, c] = s1
+        out[1, c] = s2
+
+
+# --------------------------------------------------------------------------------------------
+# The kernel list: one place for the launchers, the PTX command line and the tests
+
+
+def _signatures(args, ndim):
+    """``void(...)`` signatures of a kernel for float32 and float64 data.
+
+    ``args`` spells the arguments with ``{a}`` (a data array of ``ndim`` dimensions), ``{v}`` (a
+    ``(C,)`` vector), ``{m}`` (a small 2-D matrix) and ``{t}`` (a data scalar) in the data dtype;
+    the scalar types match what the launchers pass (python ints are int64).
+    """
+    data = "{t}[:, :, ::1]" if ndim == 3 else "{t}[:, ::1]"
+    template = args.format(a=data, v="{t}[::1]", m="{t}[:, ::1]", t="{t}")
+    return tuple(f"void({template.format(t=t)})" for t in ("float32", "float64"))
+
+
+_MOMENTS = "{a}, int64, float64[:, ::1], float64[:, :, ::1]"
+_GRAD_SUMS = "{a}, {a}, {a}, {v}, {v}, int64, {t}, int64, int64, float64[:, :, ::1]"
+_FORWARD = "{a}, {a}, {v}, {v}, int64, {t}, int64"
+_GRAD_INPUT = "{a}, {a}, {a}, {v}, {v}, {m}, int64, {t}, int64, int64, {a}"
+
+#: ``(python kernel, signatures)`` of every kernel, the signatures being those launched.
+KERNELS = (
+    (_moments_3d, _signatures(_MOMENTS, 3)),
+    (_grad_sums_3d, _signatures(_GRAD_SUMS, 3)),
+    (_forward_3d, _signatures(_FORWARD, 3)),
+    (_grad_input_3d, _signatures(_GRAD_INPUT, 3)),
+    (_moments_2d, _signatures(_MOMENTS, 2)),
+    (_grad_sums_2d, _signatures(_GRAD_SUMS, 2)),
+    (_forward_2d, _signatures(_FORWARD, 2)),
+    (_grad_input_2d, _signatures(_GRAD_INPUT, 2)),
+    (_finish_moments, ("void(float64[:, :, ::1], float64, float64[:, ::1])",)),
+    (_finish_sums, ("void(float64[:, :, ::1], float64[:, ::1])",)),
+)
+
+_LAUNCHERS = {fn: cuda.jit(cache=True)(fn) for fn, _ in KERNELS}
+
+
+# --------------------------------------------------------------------------------------------
+# Host side
+
+
+@functools.lru_cache(maxsize=256)
+def _geometry(shape):
+    """``(grid, block, span)`` of the main kernels for a canonical view of ``shape``.
+
+    ``span`` is the chunk length along the channel's elements (``(N, C, S)``) or rows (``(M, C)``).
+    """
+    if len(shape) == 3:
+        length, channel_blocks, block = shape[0] * shape[2], shape[1], (_THREADS,)
+    else:
+        length, channel_blocks, block = shape[0], _ceil_div(shape[1], _TILE_C), (_TILE_C, _ROWS)
+    per_block = _MIN_ITEMS * block[-1]  # a block steps _THREADS elements, or _ROWS rows
+    chunks = min(_ceil_div(_TARGET_BLOCKS, channel_blocks), _ceil_div(length, per_block), _MAX_CHUNKS)
+    span = _ceil_div(length, chunks)
+    return (channel_blocks, _ceil_div(length, span)), block, span
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+@functools.lru_cache(maxsize=64)
+def _external_stream(handle):
+    """numba's wrapper of the torch stream ``handle``."""
+    return cuda.external_stream(handle)
+
+
+def _array(t):
+    """The zero-copy array a kernel takes for tensor ``t`` (see the module docstring)."""
+    return t.detach().numpy() if _SIMULATED else cuda.as_cuda_array(t.detach(), sync=False)
+
+
+def _launch(kernel, grid, block, device, *args):
+    """Launches ``kernel`` on torch's current stream of ``device``; tensors become arrays."""
+    args = [_array(a) if isinstance(a, torch.Tensor) else a for a in args]
+    if _SIMULATED:
+        _LAUNCHERS[kernel][grid, block](*args)
+        return
+    with cuda.gpus[device.index]:
+        stream = _external_stream(torch.cuda.current_stream(device).cuda_stream)
+        _LAUNCHERS[kernel][grid, block, stream](*args)
+
+
+def _scalar(t, value):
+    """``value`` as a scalar of ``t``'s dtype, as the kernel signatures expect."""
+    return np.float32(value) if t.dtype == torch.float32 else float(value)
+
+
+def _finish_grid(channels):
+    return (_ceil_div(channels, _FINISH_THREADS),), (_FINISH_THREADS,)
+
+
+def _reduction_setup(x):
+    """Geometry, the float64 ``(2, C)`` result and the ``(2, chunks, C)`` partials of a reduction."""
+    grid, block, span = _geometry(tuple(x.shape))
+    out = torch.empty(2, x.shape[1], dtype=torch.float64, device=x.device)
+    partials = torch.empty(2, grid[1], x.shape[1], dtype=torch.float64, device=x.device)
+    return grid, block, span, out, partials
+
+
+def moments(x):
+    """float64 ``(2, C)``: per-channel mean and ``M2 = sum((x - mean)^2)`` of ``x``."""
+    if x.numel() == 0:
+        return torch.full((2, x.shape[1]), math.nan, dtype=torch.float64, device=x.device)
+    grid, block, span, out, partials = _reduction_setup(x)
+    kernel = _moments_3d if x.dim() == 3 else _moments_2d
+    _launch(kernel, grid, block, x.device, x, span, out, partials)
+    count = float(x.numel() // x.shape[1])
+    _launch(_finish_moments, *_finish_grid(x.shape[1]), x.device, partials, count, out)
+    return out
+
+
+def forward(x, out, a, b, act, slope):
+    """``out[.., c, ..] = act(x * a[c] + b[c])``; ``out`` may be ``x`` itself."""
+    if x.numel() == 0:
+        return
+    grid, block, span = _geometry(tuple(x.shape))
+    kernel = _forward_3d if x.dim() == 3 else _forward_2d
+    _launch(kernel, grid, block, x.device, x, out, a, b, int(act), _scalar(x, slope), span)
+
+
+def backward_reduce(z, dz, x, p, q, act, slope, mode):
+    """float64 ``(2, C)``: ``sum(dy)`` and ``sum(dy * v)`` per channel (``dy``, ``v``: ``common``)."""
+    if z.numel() == 0:
+        return torch.zeros(2, z.shape[1], dtype=torch.float64, device=z.device)
+    grid, block, span, out, partials = _reduction_setup(z)
+    kernel = _grad_sums_3d if z.dim() == 3 else _grad_sums_2d
+    args = (z, dz, x, p, q, int(act), _scalar(z, slope), int(mode), span, partials)
+    _launch(kernel, grid, block, z.device, *args)
+    _launch(_finish_sums, *_finish_grid(z.shape[1]), z.device, partials, out)
+    return out
+
+
+def backward_input(z, dz, x, p, q, coef, act, slope, mode, out):
+    """``out = dy * coef[0, c] + v * coef[1, c] + coef[2, c]``; ``out`` is a separate tensor."""
+    if z.numel() == 0:
+        return
+    grid, block, span = _geometry(tuple(z.shape))
+    kernel = _grad_input_3d if z.dim() == 3 else _grad_input_2d
+    args = (z, dz, x, p, q, coef, int(act), _scalar(z, slope), int(mode), span, out)
+    _launch(kernel, grid, block, z.device, *args)
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+
+
+def compile_all_ptx(cc):
+    """Compiles every signature of ``KERNELS`` to PTX for compute capability ``cc`` (a tuple).
+
+    Yields ``(kernel name, signature, PTX size in bytes or the exception raised)``; a
+    ``CCSupportError`` (``cc`` unsupported by the installed NVVM) or ``NvvmSupportError`` (no
+    libNVVM) is raised instead, as it concerns the toolkit rather than a kernel.
+    """
+    from numba.cuda.cudadrv.error import CCSupportError, NvvmSupportError
+
+    for fn, signatures in KERNELS:
+        for sig in signatures:
+            try:
+                ptx, _ = cuda.compile_ptx(fn, sig, cc=cc)
+            except (CCSupportError, NvvmSupportError):
+                raise
+            except Exception as error:  # a kernel that does not compile is reported, not fatal
+                yield fn.__name__, sig, error
+            else:
+                yield fn.__name__, sig, len(ptx)
+
+
+def _ptx_main(ccs):
+    """Prints one line per (kernel, signature, cc); returns the number of failures.
+
+    A compute capability the installed NVVM cannot target is reported and skipped; it counts as
+    a failure only when no requested capability could be compiled at all.
+    """
+    from numba.cuda.cudadrv.error import CCSupportError
+
+    failures, compiled = 0, 0
+    for text in ccs:
+        cc = tuple(int(part) for part in text.split("."))
+        try:
+            for name, sig, result in compile_all_ptx(cc):
+                ok = isinstance(result, int)
+                failures += not ok
+                compiled += ok
+                print(f"{name} {sig} cc={text}: " + (f"{result} bytes" if ok else f"FAILED {result!r}"))
+        except CCSupportError as error:
+            print(f"cc={text}: SKIPPED, {error}", file=sys.stderr)
+    return failures + (compiled == 0)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m layers.kernels.cuda", description=__doc__.split("\n")[0])
+    parser.add_argument("--ptx", nargs="+", metavar="CC", required=True,
+                        help="compute capabilities to compile every kernel for, e.g. 7.5 8.0 9.0")
+    return 1 if _ptx_main(parser.parse_args(argv).ptx) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""One rank of the InPlaceABNSync test (``tests/test_sync.py``), and the data both share.
+
+Run as ``python sync_worker.py RANK WORLD_SIZE INIT_METHOD OUT_DIR``: joins a gloo process group,
+runs every case of :data:`CASES` for two forward/backward iterations on this rank's slice of the
+batch, and saves the results to ``OUT_DIR/rank{RANK}.pt`` for the parent to compare against a
+single process on the whole batch.
+
+The cases run InPlaceABNSync over three groups, created in the same order on every rank:
+
+* ``world``: ``group=None`` (the default world group);
+* ``subgroup``: ``dist.new_group([0, 1])``, the same ranks as the world as a separate group;
+* ``self``: a group holding only this rank (``dist.new_group([rank])``), so nothing is
+  synchronised and the layer must act as InPlaceABN on the rank's slice alone; this shows the
+  ``group`` argument is honoured rather than replaced by the world.
+"""
+import datetime
+import itertools
+import os
+import sys
+
+import torch
+
+C = 4
+SPATIAL = (5, 6)
+BATCH_SPLIT = (3, 5)  # per-rank batch sizes: unequal on purpose
+ITERATIONS = 2
+EPS = 1e-5
+MOMENTUM = 0.1
+DTYPE = torch.float64
+
+VARIANTS = ("I", "II")
+ACTIVATIONS = (("leaky_relu", 0.01), ("elu", 1.0))
+GROUPS = ("world", "subgroup", "self")
+CASES = tuple(itertools.product(VARIANTS, ACTIVATIONS))
+
+RECORDED = ("output", "input_grad", "weight_grad", "bias_grad", "running_mean", "running_var",
+            "num_batches_tracked")
+
+
+def make_data():
+    """Seeded ``(weight, bias, inputs, incoming gradients)``, the same in every process.
+
+    ``weight`` has mixed signs (so the ``|weight| + eps`` scale and its ``sign`` gradient are
+    exercised) and the input channels have different means and spreads.
+    """
+    g = torch.Generator().manual_seed(1234)
+    n = sum(BATCH_SPLIT)
+    signs = torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=DTYPE)
+    weight = (torch.rand(C, generator=g, dtype=DTYPE) + 0.3) * signs
+    bias = torch.randn(C, generator=g, dtype=DTYPE)
+    scale = torch.tensor([1.0, 2.5, 0.5, 1.5], dtype=DTYPE).view(1, C, 1, 1)
+    shift = torch.tensor([0.5, -1.0, 2.0, 0.0], dtype=DTYPE).view(1, C, 1, 1)
+    xs = [torch.randn(n, C, *SPATIAL, generator=g, dtype=DTYPE) * scale + shift
+          for _ in range(ITERATIONS)]
+    dzs = [torch.randn(n, C, *SPATIAL, generator=g, dtype=DTYPE) for _ in range(ITERATIONS)]
+    return weight, bias, xs, dzs
+
+
+def rank_slice(rank):
+    start = sum(BATCH_SPLIT[:rank])
+    return slice(start, start + BATCH_SPLIT[rank])
+
+
+def make_layer(cls, variant, activation, activation_param, weight, bias, **kwargs):
+    layer = cls(C, eps=EPS, momentum=MOMENTUM, activation=activation,
+                activation_param=activation_param, variant=variant, dtype=DTYPE, **kwargs)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        layer.bias.copy_(bias)
+    layer.train()
+    return layer
+
+
+def run_layer(layer, xs, dzs):
+    """Forward + backward per iteration on a non-leaf copy of each input; the recorded values.
+
+    Gradients are cleared between iterations, so each iteration's are its own.
+    """
+    history = []
+    for x, dz in zip(xs, dzs):
+        leaf = x.clone().requires_grad_()
+        inp = leaf * 1  # a non-leaf: the in-place layer refuses leaves
+        out = layer(inp)
+        output = out.detach().clone()
+        out.backward(dz)
+        history.append(dict(
+            output=output,
+            input_grad=leaf.grad.detach().clone(),
+            weight_grad=layer.weight.grad.detach().clone(),
+            bias_grad=layer.bias.grad.detach().clone(),
+            running_mean=layer.running_mean.detach().clone(),
+            running_var=layer.running_var.detach().clone(),
+            num_batches_tracked=layer.num_batches_tracked.detach().clone(),
+        ))
+        layer.zero_grad(set_to_none=True)
+    return history
+
+
+def main(rank, world_size, init_method, out_dir):
+    import torch.distributed as dist
+
+    import layers
+
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        # new_group must be called by every rank, in the same order, for every group.
+        groups = {"world": None, "subgroup": dist.new_group([0, 1])}
+        own = [dist.new_group([r]) for r in range(world_size)]
+        groups["self"] = own[rank]
+
+        weight, bias, xs, dzs = make_data()
+        part = rank_slice(rank)
+        xs = [x[part] for x in xs]
+        dzs = [dz[part] for dz in dzs]
+
+        results = {}
+        for group_name in GROUPS:
+            for variant, (activation, param) in CASES:
+                layer = make_layer(layers.InPlaceABNSync, variant, activation, param, weight,
+                                   bias, group=groups[group_name])
+                results[(group_name, variant, activation)] = run_layer(layer, xs, dzs)
+        results["world_group_is_world"] = (
+            layers.InPlaceABNSync(C)._group() is dist.group.WORLD)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])

@@ -1,0 +1,373 @@
+"""ABN / InPlaceABN against autograd of the composite PyTorch ops, in float64.
+
+Tests marked ``kernels`` run the numba kernels end to end on small shapes; ``test_cudasim``
+re-runs them with ``LAYERS_KERNELS=cudasim`` (the CUDA kernels under numba's simulator).
+"""
+import pytest
+import torch
+import torch.nn as nn
+
+import layers
+from abn_reference import INVERTIBLE, composite, reference_step
+
+kernels = pytest.mark.kernels
+
+SHAPES = [(5, 3), (4, 3, 7), (3, 3, 4, 5), (2, 3, 2, 3, 4)]
+
+
+def make_layer(cls, channels=3, dtype=torch.float64, seed=0, **kwargs):
+    """A layer with random weights of mixed sign and random biases and running stats."""
+    layer = cls(channels, **kwargs).to(dtype)
+    generator = torch.Generator().manual_seed(seed)
+    signs = torch.tensor([1.0, -1.0, 1.0] * channels, dtype=torch.float64)[:channels]
+    values = {  # drawn in float64 whatever the dtype, so layers of both dtypes agree
+        "weight": torch.empty(channels, dtype=torch.float64).uniform_(0.5, 2, generator=generator)
+        * signs,
+        "bias": torch.randn(channels, dtype=torch.float64, generator=generator),
+        "running_mean": torch.randn(channels, dtype=torch.float64, generator=generator),
+        "running_var": torch.rand(channels, dtype=torch.float64, generator=generator) + 0.5,
+    }
+    with torch.no_grad():
+        for name, value in values.items():
+            if getattr(layer, name) is not None:
+                getattr(layer, name).copy_(value)
+    return layer
+
+
+def run_layer(layer, x, grad):
+    """Output and gradients of ``layer`` on a non-leaf copy of ``x``."""
+    leaf = x.detach().clone().requires_grad_()
+    out = layer(leaf * 1)
+    params = [p for p in (layer.weight, layer.bias) if p is not None]
+    grads = torch.autograd.grad(out, [leaf] + params, grad)
+    dweight, dbias = (grads[1], grads[2]) if params else (None, None)
+    return out.detach(), grads[0], dweight, dbias
+
+
+def check_against_reference(layer, x, grad, scale_mode="abs", atol=1e-10):
+    running = [None if t is None else t.clone() for t in (layer.running_mean, layer.running_var)]
+    training = layer.training or running[0] is None
+    momentum = 0.1 if layer.momentum is None else layer.momentum
+    expected = reference_step(x, layer.weight, layer.bias, *running, grad, training=training,
+                              momentum=momentum, eps=layer.eps, activation=layer.activation,
+                              param=layer.activation_param, scale_mode=scale_mode)
+    actual = run_layer(layer, x, grad)
+    for name, a, e in zip(("output", "input grad", "weight grad", "bias grad"), actual, expected):
+        if e is None:
+            assert a is None, name
+            continue
+        torch.testing.assert_close(a, e, atol=atol, rtol=1e-8, msg=lambda m: f"{name}: {m}")
+    if running[0] is not None:
+        torch.testing.assert_close(layer.running_mean, running[0], atol=1e-12, rtol=1e-12)
+        torch.testing.assert_close(layer.running_var, running[1], atol=1e-12, rtol=1e-12)
+
+
+def random_input(shape, seed=1, dtype=torch.float64):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, dtype=dtype, generator=generator) * 2 + 0.5
+    grad = torch.randn(shape, dtype=dtype, generator=generator)
+    return x, grad
+
+
+# --------------------------------------------------------------------------- values
+@kernels
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("variant", ["I", "II"])
+@pytest.mark.parametrize("activation,param", INVERTIBLE)
+def test_inplace_abn_matches_composite(activation, param, variant, training):
+    layer = make_layer(layers.InPlaceABN, activation=activation, activation_param=param,
+                       variant=variant).train(training)
+    check_against_reference(layer, *random_input((3, 3, 4, 5)))
+
+
+@kernels
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("activation,param", INVERTIBLE + [("relu", None)])
+def test_abn_matches_composite(activation, param, training):
+    layer = make_layer(layers.ABN, activation=activation, activation_param=param).train(training)
+    check_against_reference(layer, *random_input((3, 3, 4, 5)))
+
+
+@kernels
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{len(s)}d")
+@pytest.mark.parametrize("cls", [layers.ABN, layers.InPlaceABN])
+def test_any_rank(cls, shape):
+    check_against_reference(make_layer(cls), *random_input(shape))
+
+
+@kernels
+@pytest.mark.parametrize("variant", ["I", "II"])
+def test_channels_last_input(variant):
+    x, grad = random_input((2, 3, 4, 5))
+    layer = make_layer(layers.InPlaceABN, variant=variant)
+    leaf = x.clone().requires_grad_()
+    source = (leaf * 1).contiguous(memory_format=torch.channels_last)
+    out = layer(source)
+    assert out.data_ptr() == source.data_ptr()
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    dx, = torch.autograd.grad(out, leaf, grad)
+    reference = make_layer(layers.InPlaceABN, variant=variant)
+    expected = reference_step(x, reference.weight, reference.bias, reference.running_mean.clone(),
+                              reference.running_var.clone(), grad)
+    torch.testing.assert_close(out.detach(), expected[0], atol=1e-10, rtol=1e-8)
+    torch.testing.assert_close(dx, expected[1], atol=1e-10, rtol=1e-8)
+
+
+@kernels
+def test_non_contiguous_input_is_written_in_place():
+    x, grad = random_input((2, 6, 4, 5))
+    leaf = x.clone().requires_grad_()
+    source = (leaf * 1)[:, ::2]  # every other channel: neither contiguous nor channels-last
+    layer = make_layer(layers.InPlaceABN)
+    out = layer(source)
+    assert out.data_ptr() == source.data_ptr()
+    dx, = torch.autograd.grad(out, leaf, grad[:, ::2])
+    reference = make_layer(layers.InPlaceABN)
+    expected = reference_step(x[:, ::2], reference.weight, reference.bias,
+                              reference.running_mean.clone(), reference.running_var.clone(),
+                              grad[:, ::2])
+    torch.testing.assert_close(out.detach(), expected[0], atol=1e-10, rtol=1e-8)
+    torch.testing.assert_close(dx[:, ::2], expected[1], atol=1e-10, rtol=1e-8)
+    assert dx[:, 1::2].abs().max() == 0
+
+
+@kernels
+@pytest.mark.parametrize("cls", [layers.ABN, layers.InPlaceABN])
+def test_no_affine_no_running_stats(cls):
+    layer = make_layer(cls, affine=False, track_running_stats=False)
+    check_against_reference(layer, *random_input((3, 3, 4)))
+    check_against_reference(layer.eval(), *random_input((3, 3, 4)))  # still batch statistics
+
+
+@kernels
+def test_bn_compatible_scale():
+    layer = make_layer(layers.InPlaceABN, scale_mode="bn")
+    check_against_reference(layer, *random_input((3, 3, 4)), scale_mode="bn")
+
+
+# --------------------------------------------------------------------------- gradcheck
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("variant", ["I", "II", "abn"])
+def test_gradcheck(variant, training):
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 2, 4, dtype=torch.float64, generator=generator, requires_grad=True)
+    weight = torch.tensor([1.3, -0.7], dtype=torch.float64, requires_grad=True)
+    bias = torch.tensor([0.2, -0.4], dtype=torch.float64, requires_grad=True)
+    mean = torch.tensor([0.1, -0.2], dtype=torch.float64)
+    var = torch.tensor([1.5, 0.7], dtype=torch.float64)
+
+    def function(x, weight, bias):
+        args = dict(weight=weight, bias=bias, running_mean=mean.clone(), running_var=var.clone(),
+                    training=training, activation="elu", activation_param=0.8)
+        if variant == "abn":
+            return layers.functional.abn(x, **args)
+        return layers.functional.inplace_abn(x.clone(), **args, variant=variant)
+
+    assert torch.autograd.gradcheck(function, (x, weight, bias))
+
+
+# --------------------------------------------------------------------------- BN conventions
+@pytest.mark.parametrize("momentum", [0.1, 0.5, None])
+def test_running_statistics_follow_batchnorm(momentum):
+    layer = layers.InPlaceABN(3, momentum=momentum, activation="identity").double()
+    bn = nn.BatchNorm2d(3, momentum=momentum).double()
+    for seed in range(3):
+        x, _ = random_input((4, 3, 2, 3), seed=seed)
+        layer(x.clone())
+        bn(x)
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        torch.testing.assert_close(getattr(layer, name), getattr(bn, name), atol=1e-12, rtol=0)
+
+
+def test_state_dict_keys_and_bn_checkpoint():
+    bn = nn.BatchNorm2d(3).double()
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor([0.5, -1.5, 2.0]))
+        bn.bias.copy_(torch.tensor([0.1, 0.2, -0.3]))
+        bn.running_mean.copy_(torch.tensor([0.3, -0.1, 0.2]))
+        bn.running_var.copy_(torch.tensor([1.2, 0.8, 2.0]))
+    for cls in (layers.ABN, layers.InPlaceABN, layers.InPlaceABNSync):
+        layer = cls(3, scale_mode="bn").double()
+        assert list(layer.state_dict()) == list(bn.state_dict())
+        layer.load_state_dict(bn.state_dict())
+        x, _ = random_input((2, 3, 4, 4))
+        expected = nn.functional.leaky_relu(bn.eval()(x), 0.01)
+        with torch.no_grad():
+            torch.testing.assert_close(layer.eval()(x.clone()), expected)
+
+
+def test_eval_under_no_grad_needs_no_clone():
+    layer = make_layer(layers.InPlaceABN).eval()
+    x, _ = random_input((2, 3, 4))
+    leaf = x.clone().requires_grad_()
+    with torch.no_grad():
+        out = layer(leaf)
+    expected = composite(x, layer.weight, layer.bias, layer.running_mean, layer.running_var,
+                         False, 0.1, 1e-5, "leaky_relu", 0.01)
+    torch.testing.assert_close(out, expected.detach())
+
+
+# --------------------------------------------------------------------------- memory
+def saved_tensors(function):
+    """Tensors autograd saves while ``function`` runs, as (shape, storage pointer) pairs."""
+    saved = []
+
+    def pack(t):
+        saved.append((tuple(t.shape), t.untyped_storage().data_ptr()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = function()
+    return out, saved
+
+
+@pytest.mark.parametrize("cls,expected", [(layers.InPlaceABN, 1), (layers.ABN, 2)])
+def test_activation_sized_tensors_saved(cls, expected):
+    shape = (2, 3, 8, 8)
+    x = torch.randn(shape, requires_grad=True)
+    source = x * 1
+    out, saved = saved_tensors(lambda: cls(3)(source))
+    big = {pointer for s, pointer in saved if s == shape}
+    assert len(big) == expected
+    assert all(torch.Size(s).numel() <= 6 * 3 for s, _ in saved if s != shape)
+    if cls is layers.InPlaceABN:
+        assert out.data_ptr() == source.data_ptr() and big == {source.untyped_storage().data_ptr()}
+
+
+# --------------------------------------------------------------------------- incoming grads
+def expanded_grad(shape):
+    return torch.ones(()).double().expand(shape)
+
+
+@kernels
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "expanded"])
+@pytest.mark.parametrize("variant", ["I", "II"])
+def test_incoming_gradient_layouts(variant, layout):
+    x, grad = random_input((2, 3, 4, 5))
+    if layout == "channels_last":
+        grad = grad.contiguous(memory_format=torch.channels_last)
+    elif layout == "expanded":
+        grad = expanded_grad(x.shape)
+    untouched = grad.clone()
+    layer = make_layer(layers.InPlaceABN, variant=variant)
+    check_against_reference(layer, x, grad)
+    assert torch.equal(grad, untouched), "backward wrote into the incoming gradient"
+
+
+@kernels
+def test_sum_backward():
+    x, _ = random_input((2, 3, 4, 5))
+    leaf = x.clone().requires_grad_()
+    layer = make_layer(layers.InPlaceABN)
+    layer(leaf * 1).sum().backward()
+    reference = make_layer(layers.InPlaceABN)
+    expected = reference_step(x, reference.weight, reference.bias, reference.running_mean.clone(),
+                              reference.running_var.clone(), expanded_grad(x.shape))
+    torch.testing.assert_close(leaf.grad, expected[1], atol=1e-10, rtol=1e-8)
+    torch.testing.assert_close(layer.weight.grad, expected[2], atol=1e-10, rtol=1e-8)
+
+
+# --------------------------------------------------------------------------- numerics
+@kernels
+@pytest.mark.parametrize("variant", ["I", "II"])
+def test_elu_near_saturation(variant):
+    x, grad = random_input((4, 3, 5))
+    x[:, :, 0] = -12.0  # y near -20 after scaling: z within 1e-9 of -alpha
+    layer = make_layer(layers.InPlaceABN, activation="elu", variant=variant)
+    check_against_reference(layer, x, grad, atol=1e-6)
+
+
+@kernels
+@pytest.mark.parametrize("variant", ["I", "II"])
+def test_elu_saturated_outputs_give_no_nan(variant):
+    x, grad = random_input((4, 3, 5))
+    x[0, :, 0] = -1e3  # z == -alpha exactly in float64: y cannot be recovered
+    layer = make_layer(layers.InPlaceABN, activation="elu", variant=variant)
+    expected = reference_step(x, layer.weight, layer.bias, layer.running_mean.clone(),
+                              layer.running_var.clone(), grad, activation="elu")
+    assert all(torch.isfinite(t).all() for t in expected)
+    actual = run_layer(layer, x, grad)
+    assert all(torch.isfinite(t).all() for t in actual)
+    torch.testing.assert_close(actual[3], expected[3])  # the bias gradient needs no inversion
+
+
+@kernels
+@pytest.mark.parametrize("magnitude", [1e-3, 1e3])
+@pytest.mark.parametrize("variant", ["I", "II"])
+def test_large_and_tiny_scales(variant, magnitude):
+    layer = make_layer(layers.InPlaceABN, variant=variant)
+    with torch.no_grad():
+        layer.weight.mul_(magnitude)
+    check_against_reference(layer, *random_input((3, 3, 6)), atol=1e-9 * max(1, magnitude))
+
+
+@kernels
+def test_float32_large_mean_keeps_variance():
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(8, 3, 64, generator=generator, dtype=torch.float64) + 1e4
+    layer = layers.InPlaceABN(3, momentum=1.0, activation="identity")
+    out = layer(x.float())
+    expected_var = x.var(dim=(0, 2))
+    torch.testing.assert_close(layer.running_var.double(), expected_var, rtol=1e-4, atol=0)
+    expected = (x - x.mean(dim=(0, 2), keepdim=True)) / (x.var(dim=(0, 2), unbiased=False,
+                                                              keepdim=True) + 1e-5).sqrt()
+    torch.testing.assert_close(out.double(), expected, atol=2e-3, rtol=0)
+
+
+@kernels
+@pytest.mark.parametrize("variant", ["I", "II"])
+def test_float32_against_float64_reference(variant):
+    x, grad = random_input((4, 3, 6, 6))
+    layer = make_layer(layers.InPlaceABN, dtype=torch.float32, variant=variant)
+    reference = make_layer(layers.InPlaceABN, variant=variant)
+    expected = reference_step(x, reference.weight, reference.bias, reference.running_mean.clone(),
+                              reference.running_var.clone(), grad)
+    actual = run_layer(layer, x.float(), grad.float())
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a.double(), e, atol=2e-4, rtol=1e-4)
+
+
+# --------------------------------------------------------------------------- bad input
+def non_leaf(shape=(2, 3, 4), dtype=torch.float32):
+    return torch.randn(shape, dtype=dtype, requires_grad=True) * 1
+
+
+@pytest.mark.parametrize("build,call,match", [
+    (lambda: layers.InPlaceABN(3), lambda m: m(torch.ones(2, 3, 4, dtype=torch.int64)),
+     "float32 or float64"),
+    (lambda: layers.InPlaceABN(3), lambda m: m(non_leaf((2, 4, 4))), "weight has shape"),
+    (lambda: layers.InPlaceABN(3), lambda m: m(non_leaf((3,))), r"\(N, C, \*\)"),
+    (lambda: layers.InPlaceABN(3, activation="relu"), None, "relu is not invertible"),
+    (lambda: layers.InPlaceABN(3, activation="leaky_relu", activation_param=0.0), None,
+     "slope must be > 0"),
+    (lambda: layers.InPlaceABN(3, activation="tanh"), None, "activation='tanh'"),
+    (lambda: layers.InPlaceABN(3, variant="III"), None, "variant='III'"),
+    (lambda: layers.ABN(3, scale_mode="weird"), None, "scale_mode='weird'"),
+    (lambda: layers.InPlaceABN(3), lambda m: m(non_leaf((1, 3, 1))), "more than 1 value"),
+    (lambda: layers.InPlaceABN(3), lambda m: m(torch.randn(2, 3, 4, requires_grad=True)),
+     "leaf tensor that requires grad"),
+    (lambda: nn.Sequential(layers.InPlaceABN(3), layers.InPlaceABN(3)),
+     lambda m: m(non_leaf()), "output of another in-place ABN"),
+])
+def test_bad_input_is_refused(build, call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        module = build()
+        call(module)
+
+
+def test_refusal_leaves_input_untouched():
+    layer = layers.InPlaceABN(3, scale_mode="bn")
+    with torch.no_grad():
+        layer.weight[1] = 0.0
+    x = non_leaf()
+    before = x.detach().clone()
+    with pytest.raises(ValueError, match=r"\|weight\| >= eps"):
+        layer(x)
+    assert torch.equal(x.detach(), before)
+
+
+def test_chained_inplace_layers_work_with_a_clone():
+    first, second = layers.InPlaceABN(3), layers.InPlaceABN(3)
+    x = non_leaf()
+    second(first(x).clone()).sum().backward()
+    assert first.weight.grad is not None and torch.isfinite(first.weight.grad).all()

@@ -1,0 +1,223 @@
+"""InPlaceABNSync across 2 gloo ranks against one process on the concatenated batch.
+
+Two worker processes (``tests/sync_worker.py``) split one seeded (8, 4, 5, 6) float64 batch
+3 + 5 and run InPlaceABNSync for two forward/backward iterations, over the world group, over
+``dist.new_group([0, 1])`` and over a group holding only their own rank. The workers start once
+per module (one process group serves every case) and the tests compare their saved results with
+a single-process InPlaceABN, itself checked against ``F.batch_norm`` + activation under
+autograd.
+"""
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import layers
+
+HERE = Path(__file__).resolve().parent
+
+
+def _load_worker_module():
+    spec = importlib.util.spec_from_file_location("sync_worker", HERE / "sync_worker.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+W = _load_worker_module()
+WORLD_SIZE = len(W.BATCH_SPLIT)
+TOL = dict(rtol=0.0, atol=1e-10)
+WORKER_TIMEOUT_S = 120
+
+CASE_PARAMS = [
+    pytest.param(variant, activation, param, id=f"{variant}-{activation}")
+    for variant, (activation, param) in W.CASES
+]
+
+
+def _free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(out_dir):
+    """Start the ranks; return their ``(returncode, output)`` (killed if they hang)."""
+    env = dict(os.environ)
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # everything is on 127.0.0.1
+    env.setdefault("NUMBA_NUM_THREADS", "1")  # 2 ranks share the machine's cores
+    env.setdefault("OMP_NUM_THREADS", "1")
+    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    procs = []
+    for rank in range(WORLD_SIZE):
+        log = open(out_dir / f"rank{rank}.log", "w+")
+        cmd = [sys.executable, str(HERE / "sync_worker.py"), str(rank), str(WORLD_SIZE),
+               init_method, str(out_dir)]
+        procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT),
+                      log))
+    deadline = time.monotonic() + WORKER_TIMEOUT_S
+    results = []
+    for proc, log in procs:
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            for other, _ in procs:
+                if other.poll() is None:
+                    other.kill()
+            proc.wait()
+        log.seek(0)
+        results.append((proc.returncode, log.read()))
+        log.close()
+    return results
+
+
+@pytest.fixture(scope="module")
+def rank_results(tmp_path_factory):
+    """Each rank's saved results, keyed by ``(group, variant, activation)``."""
+    out_dir = tmp_path_factory.mktemp("sync")
+    outcome = _launch(out_dir)
+    failed = [(rank, rc, log) for rank, (rc, log) in enumerate(outcome) if rc != 0]
+    if failed:
+        report = "\n".join(f"--- rank {rank} exited with {rc}:\n{log[-4000:]}"
+                           for rank, rc, log in failed)
+        pytest.fail(f"sync workers failed:\n{report}")
+    return [torch.load(out_dir / f"rank{rank}.pt") for rank in range(WORLD_SIZE)]
+
+
+@pytest.fixture(scope="module")
+def data():
+    return W.make_data()
+
+
+def _reference(data, variant, activation, param):
+    """Single-process InPlaceABN on the whole batch."""
+    weight, bias, xs, dzs = data
+    layer = W.make_layer(layers.InPlaceABN, variant, activation, param, weight, bias)
+    return W.run_layer(layer, xs, dzs)
+
+
+def _composite(data, activation, param):
+    """``F.batch_norm`` with scale ``|weight| + eps`` then the activation, under autograd."""
+    weight0, bias0, xs, dzs = data
+    weight = weight0.clone().requires_grad_()
+    bias = bias0.clone().requires_grad_()
+    running_mean = torch.zeros(W.C, dtype=W.DTYPE)
+    running_var = torch.ones(W.C, dtype=W.DTYPE)
+    history = []
+    for step, (x, dz) in enumerate(zip(xs, dzs), start=1):
+        leaf = x.clone().requires_grad_()
+        y = F.batch_norm(leaf, running_mean, running_var, weight.abs() + W.EPS, bias,
+                         training=True, momentum=W.MOMENTUM, eps=W.EPS)
+        z = F.leaky_relu(y, param) if activation == "leaky_relu" else F.elu(y, param)
+        z.backward(dz)
+        history.append(dict(
+            output=z.detach().clone(), input_grad=leaf.grad.clone(),
+            weight_grad=weight.grad.clone(), bias_grad=bias.grad.clone(),
+            running_mean=running_mean.clone(), running_var=running_var.clone(),
+            num_batches_tracked=torch.tensor(step),
+        ))
+        weight.grad, bias.grad = None, None
+    return history
+
+
+def _close(actual, expected, what):
+    torch.testing.assert_close(actual, expected, **TOL, msg=lambda m: f"{what}: {m}")
+
+
+# --------------------------------------------------------------------------- reference
+
+
+@pytest.mark.parametrize("variant, activation, param", CASE_PARAMS)
+def test_reference_matches_composite_torch_ops(data, variant, activation, param):
+    """The single-process reference is itself right: it equals F.batch_norm + activation."""
+    reference = _reference(data, variant, activation, param)
+    composite = _composite(data, activation, param)
+    for step, (got, want) in enumerate(zip(reference, composite)):
+        for key in W.RECORDED:
+            _close(got[key], want[key], f"iteration {step} {key}")
+
+
+# --------------------------------------------------------------------------- 2 ranks
+
+
+def _check_against_reference(rank_results, group_name, reference, variant, activation):
+    per_rank = [results[(group_name, variant, activation)] for results in rank_results]
+    for step, want in enumerate(reference):
+        got = [history[step] for history in per_rank]
+        where = f"{group_name} iteration {step}"
+        _close(torch.cat([g["output"] for g in got]), want["output"], f"{where} output")
+        _close(torch.cat([g["input_grad"] for g in got]), want["input_grad"],
+               f"{where} input grad")
+        # Each rank holds its share of the parameter gradients; the shares add up.
+        _close(sum(g["weight_grad"] for g in got), want["weight_grad"], f"{where} weight grad")
+        _close(sum(g["bias_grad"] for g in got), want["bias_grad"], f"{where} bias grad")
+        for rank, g in enumerate(got):
+            for key in ("running_mean", "running_var"):
+                _close(g[key], want[key], f"{where} rank {rank} {key}")
+            assert int(g["num_batches_tracked"]) == step + 1 == int(want["num_batches_tracked"])
+
+
+@pytest.mark.parametrize("variant, activation, param", CASE_PARAMS)
+def test_sync_two_ranks_matches_single_process(rank_results, data, variant, activation, param):
+    reference = _reference(data, variant, activation, param)
+    _check_against_reference(rank_results, "world", reference, variant, activation)
+    # The check is not vacuous: each rank's own-batch statistics differ from the global ones,
+    # so the shares of the unsynchronised layer (group of one rank) do not add up.
+    unsynced = torch.cat([r[("self", variant, activation)][0]["output"] for r in rank_results])
+    assert (unsynced - reference[0]["output"]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("variant, activation, param", CASE_PARAMS)
+def test_sync_subgroup_matches_world(rank_results, data, variant, activation, param):
+    """``group=dist.new_group([0, 1])`` gives what the default world group gives."""
+    reference = _reference(data, variant, activation, param)
+    _check_against_reference(rank_results, "subgroup", reference, variant, activation)
+    for results in rank_results:
+        world = results[("world", variant, activation)]
+        sub = results[("subgroup", variant, activation)]
+        for step in range(W.ITERATIONS):
+            for key in W.RECORDED:
+                _close(sub[step][key], world[step][key], f"iteration {step} {key}")
+
+
+@pytest.mark.parametrize("variant, activation, param", CASE_PARAMS)
+def test_sync_group_of_one_rank_is_local(rank_results, data, variant, activation, param):
+    """A group holding only the rank itself synchronises nothing: InPlaceABN on the slice."""
+    weight, bias, xs, dzs = data
+    for rank, results in enumerate(rank_results):
+        part = W.rank_slice(rank)
+        layer = W.make_layer(layers.InPlaceABN, variant, activation, param, weight, bias)
+        local = W.run_layer(layer, [x[part] for x in xs], [dz[part] for dz in dzs])
+        got = results[("self", variant, activation)]
+        for step in range(W.ITERATIONS):
+            for key in W.RECORDED:
+                _close(got[step][key], local[step][key], f"rank {rank} iteration {step} {key}")
+
+
+def test_default_group_is_world(rank_results):
+    assert all(results["world_group_is_world"] for results in rank_results)
+
+
+# --------------------------------------------------------------------------- no process group
+
+
+@pytest.mark.parametrize("variant, activation, param", CASE_PARAMS)
+def test_without_process_group_behaves_as_inplace_abn(data, variant, activation, param):
+    assert not dist.is_initialized()
+    weight, bias, xs, dzs = data
+    sync = W.make_layer(layers.InPlaceABNSync, variant, activation, param, weight, bias)
+    plain = W.make_layer(layers.InPlaceABN, variant, activation, param, weight, bias)
+    assert sync._group() is None
+    got, want = W.run_layer(sync, xs, dzs), W.run_layer(plain, xs, dzs)
+    for step in range(W.ITERATIONS):
+        for key in W.RECORDED:
+            assert torch.equal(got[step][key], want[step][key]), f"iteration {step} {key}"
+    assert sync.state_dict().keys() == plain.state_dict().keys()
