@@ -56,6 +56,14 @@ def _numba_threading_layer():
         return None
 
 
+def _load_average():
+    """The 1, 5 and 15 minute load averages (other work sharing the CPUs), else ``None``."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
 def _device_name(device):
     if device.type == "cuda":
         if not torch.cuda.is_available():
@@ -82,6 +90,7 @@ def describe_environment(device="cpu"):
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpu_count_usable": _usable_cpus(),
+        "load_average": _load_average(),
         "threads": {
             "torch": torch.get_num_threads(),
             "numba": numba.get_num_threads(),

@@ -11,7 +11,10 @@ def active(group):
     """Whether reductions over ``group`` involve other ranks."""
     if group is None or not dist.is_available() or not dist.is_initialized():
         return False
-    return dist.get_world_size(group) > 1
+    size = dist.get_world_size(group)
+    if size < 0:
+        raise ValueError(f"group: rank {dist.get_rank()} is not a member of this process group")
+    return size > 1
 
 
 def combine_moments(moments, count, group):

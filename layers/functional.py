@@ -26,6 +26,9 @@ rank's element count, which gives the exact full-batch result whatever the per-r
 (InPlace-ABN^sync). Each rank's ``weight``/``bias`` gradient is its own share of the full-batch
 gradient, as with ``nn.SyncBatchNorm``: summing them over ranks gives the full-batch gradient.
 """
+import dataclasses
+import math
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -37,7 +40,7 @@ ACTIVATIONS = {
     "leaky_relu": (common.ACT_LEAKY_RELU, 0.01),
     "elu": (common.ACT_ELU, 1.0),
     "identity": (common.ACT_IDENTITY, 0.0),
-    "relu": (common.ACT_RELU, 0.0),
+    "relu": (common.ACT_LEAKY_RELU, 0.0),  # leaky ReLU of slope 0
 }
 #: Activations of ``inplace_abn``: those that can be inverted.
 INVERTIBLE_ACTIVATIONS = ("leaky_relu", "elu", "identity")
@@ -56,6 +59,8 @@ def check_activation(activation, activation_param, inplace):
             f"activation={activation!r} is not supported{reason}; allowed: {', '.join(allowed)}"
         )
     code, default = ACTIVATIONS[activation]
+    if activation == "relu" and activation_param not in (None, 0, 0.0):
+        raise ValueError(f"activation_param={activation_param} for relu: relu takes none")
     param = default if activation_param is None else float(activation_param)
     if activation == "leaky_relu" and inplace and not param > 0:
         raise ValueError(
@@ -93,11 +98,6 @@ def _check_input(x, weight, bias, running_mean, running_var, training, eps, mome
         raise ValueError("running_mean and running_var must be given together")
     if not training and running_mean is None:
         raise ValueError("training=False needs running_mean and running_var")
-    if training and x.numel() // max(channels, 1) <= 1:
-        raise ValueError(
-            f"expected more than 1 value per channel when training, got input of shape "
-            f"{tuple(x.shape)}"
-        )
     if not eps > 0:
         raise ValueError(f"eps={eps} must be > 0")
     if not 0.0 <= momentum <= 1.0:
@@ -143,8 +143,15 @@ def _view(x, layout):
     """The canonical kernel view of ``x`` in ``layout``, copying only if ``x`` is not in it."""
     n, c = x.shape[:2]
     if layout == "ncs":
-        return x.contiguous().view(n, c, -1)
+        return x.contiguous().view(n, c, math.prod(x.shape[2:]))
     return x.movedim(1, -1).contiguous().view(-1, c)
+
+
+def _unview(view, layout, shape):
+    """The ``(N, C, *)`` tensor of ``shape`` that a canonical ``view`` in ``layout`` holds."""
+    if layout == "ncs":
+        return view.view(shape)
+    return view.view(shape[0], *shape[2:], shape[1]).movedim(-1, 1)
 
 
 def _empty_like_layout(x, layout):
@@ -178,12 +185,20 @@ def _statistics(view, running_mean, running_var, training, momentum, eps, group)
     In training the batch statistics are used (combined over ``group``) and the running
     statistics, if given, are updated as ``nn.BatchNorm2d`` does (unbiased variance).
     """
-    count = view.numel() // view.shape[-1 if view.dim() == 2 else 1]
+    channels = view.shape[-1 if view.dim() == 2 else 1]
+    count = view.numel() // channels
     if not training:
         mean, var = running_mean.double(), running_var.double()
     else:
-        moments = backend(view).moments(view)
+        # A rank of a synchronised layer may hold no element at all: it contributes nothing.
+        moments = (backend(view).moments(view) if count else
+                   torch.zeros(2, channels, dtype=torch.float64, device=view.device))
         mean, m2, count = distributed.combine_moments(moments, count, group)
+        if count <= 1:  # the same global count on every rank: all of them raise together
+            raise ValueError(
+                f"expected more than 1 value per channel when training, got {count} "
+                f"(input shape {tuple(view.shape)} on this rank)"
+            )
         var = m2 / count
         if running_mean is not None:
             with torch.no_grad():
@@ -193,8 +208,8 @@ def _statistics(view, running_mean, running_var, training, momentum, eps, group)
     return mean, torch.rsqrt(var + eps), count
 
 
-def _normalize_activate(x, out, weight, bias, running_mean, running_var, training, momentum,
-                        eps, act, slope, scale_mode, group):
+def normalize_activate_into(x, out, weight, bias, running_mean, running_var, training, momentum,
+                            eps, act, slope, scale_mode, group=None):
     """Run the forward ``out = act(gamma * x_hat + beta)``; return the per-channel state.
 
     ``out`` may be ``x`` (in place). Returns a (6, C) float64 tensor of
@@ -206,14 +221,31 @@ def _normalize_activate(x, out, weight, bias, running_mean, running_var, trainin
     mean, rstd, count = _statistics(view, running_mean, running_var, training, momentum, eps,
                                     group)
     gamma, beta, dgamma_dweight = _scale_and_shift(weight, bias, x.shape[1], eps, scale_mode, x)
+    counts = torch.full_like(mean, float(count))
+    channel = torch.stack([gamma, beta, dgamma_dweight, mean, rstd, counts])
+    _apply(x, view, layout, out, channel, act, slope)
+    return channel
+
+
+def reapply_into(x, out, channel, act, slope):
+    """Recompute ``out = act(BN(x))`` with the statistics stored in ``channel``.
+
+    For layers that drop BN outputs and recompute them in backward (shared-storage DenseNet):
+    nothing is re-estimated and the running statistics are left alone.
+    """
+    layout = _layout(x) or "ncs"
+    _apply(x, _view(x, layout), layout, out, channel, act, slope)
+
+
+def _apply(x, view, layout, out, channel, act, slope):
+    """``out = act(gamma * (x - mean) * rstd + beta)``, through ``x``'s canonical ``view``."""
+    gamma, beta, _, mean, rstd, _ = channel
     a = gamma * rstd
     b = beta - mean * a
     out_view = view if out is x else _view(out, layout)
     backend(view).forward(view, out_view, a.to(x.dtype), b.to(x.dtype), act, slope)
     if out_view.data_ptr() != out.data_ptr():  # out was not in a canonical layout
-        out.copy_(out_view.view(out.shape))
-    counts = torch.full_like(mean, float(count))
-    return torch.stack([gamma, beta, dgamma_dweight, mean, rstd, counts])
+        out.copy_(_unview(out_view, layout, out.shape))
 
 
 def _input_gradient_coefficients(channel, sums, training, variant_y):
@@ -241,42 +273,64 @@ def _input_gradient_coefficients(channel, sums, training, variant_y):
     return torch.stack([k0, k1, k2])
 
 
-def _backward(ctx, z, dz, x, channel):
-    """Gradients ``(dx, dweight, dbias)`` shared by ``abn`` and ``inplace_abn``."""
+@dataclasses.dataclass(frozen=True)
+class BackwardSpec:
+    """What the backward of a BN + activation needs besides tensors.
+
+    ``mode`` is a ``common.MODE_*`` code (where ``v`` of the gradient comes from), ``act`` and
+    ``slope`` the activation's kernel code and parameter, ``training`` whether batch statistics
+    were used, ``group`` the process group the reductions are summed over (or ``None``).
+    """
+
+    mode: int
+    act: int
+    slope: float
+    training: bool
+    group: object = None
+    has_weight: bool = True
+    has_bias: bool = True
+    param_dtype: torch.dtype = torch.float32
+
+    @classmethod
+    def of(cls, mode, act, slope, training, group, weight, bias):
+        """A spec whose parameter flags and dtype follow ``weight`` and ``bias``."""
+        present = [t for t in (weight, bias) if t is not None]
+        dtype = present[0].dtype if present else torch.float32
+        return cls(mode, act, slope, training, group, weight is not None, bias is not None,
+                   dtype)
+
+
+def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True):
+    """Gradients ``(dx, dweight, dbias)`` of ``z = act(BN(x))`` given ``dz``.
+
+    ``channel`` is the per-channel state returned by :func:`normalize_activate_into`; ``x`` is
+    only read in ``MODE_XHAT_FROM_X`` (pass ``None`` otherwise: ``v`` is recovered from ``z``).
+    ``dx`` is a new tensor (``None`` unless ``input_grad``); ``dz`` is never written.
+    """
     gamma, beta, dgamma_dweight, mean, rstd, _ = channel
     layout = _layout(z) or "ncs"
     z_view, dz_view = _view(z, layout), _view(dz, layout)
     x_view = z_view if x is None else _view(x, layout)
     kernels = backend(z_view)
-    if ctx.mode == common.MODE_XHAT_FROM_X:
+    if spec.mode == common.MODE_XHAT_FROM_X:
         p, q = rstd, -mean * rstd
     else:  # v recovered from z; p, q only used by variant I
         p, q = 1.0 / gamma, -beta / gamma
     p, q = p.to(z.dtype), q.to(z.dtype)
-    local = kernels.backward_reduce(z_view, dz_view, x_view, p, q, ctx.act, ctx.slope, ctx.mode)
-    variant_y = ctx.mode == common.MODE_Y
-
-    def dgamma_of(sums):
-        return (sums[1] - beta * sums[0]) / gamma if variant_y else sums[1]
-
+    local = kernels.backward_reduce(z_view, dz_view, x_view, p, q, spec.act, spec.slope,
+                                    spec.mode)
+    variant_y = spec.mode == common.MODE_Y
     dx = None
-    if ctx.needs_input_grad[0]:
-        sums = distributed.all_reduce_sum(local.clone(), ctx.group) if ctx.training else local
-        coef = _input_gradient_coefficients(channel, sums, ctx.training, variant_y)
+    if input_grad:
+        sums = distributed.all_reduce_sum(local.clone(), spec.group) if spec.training else local
+        coef = _input_gradient_coefficients(channel, sums, spec.training, variant_y)
         dx = _empty_like_layout(z, layout)
-        dx_view = _view(dx, layout)
-        kernels.backward_input(z_view, dz_view, x_view, p, q, coef.to(z.dtype), ctx.act,
-                               ctx.slope, ctx.mode, dx_view)
-    dweight = (dgamma_of(local) * dgamma_dweight).to(ctx.param_dtype) if ctx.has_weight else None
-    dbias = local[0].to(ctx.param_dtype) if ctx.has_bias else None
+        kernels.backward_input(z_view, dz_view, x_view, p, q, coef.to(z.dtype), spec.act,
+                               spec.slope, spec.mode, _view(dx, layout))
+    dgamma = (local[1] - beta * local[0]) / gamma if variant_y else local[1]
+    dweight = (dgamma * dgamma_dweight).to(spec.param_dtype) if spec.has_weight else None
+    dbias = local[0].to(spec.param_dtype) if spec.has_bias else None
     return dx, dweight, dbias
-
-
-def _remember(ctx, training, act, slope, mode, group, weight, bias):
-    ctx.training, ctx.act, ctx.slope, ctx.mode, ctx.group = training, act, slope, mode, group
-    ctx.has_weight, ctx.has_bias = weight is not None, bias is not None
-    ctx.param_dtype = weight.dtype if weight is not None else (
-        bias.dtype if bias is not None else torch.float32)
 
 
 # --------------------------------------------------------------------------- functions
@@ -286,9 +340,10 @@ class _ABN(torch.autograd.Function):
                 slope, scale_mode):
         layout = _layout(x) or "ncs"
         out = _empty_like_layout(x, layout)
-        channel = _normalize_activate(x, out, weight, bias, running_mean, running_var,
-                                      training, momentum, eps, act, slope, scale_mode, None)
-        _remember(ctx, training, act, slope, common.MODE_XHAT_FROM_X, None, weight, bias)
+        channel = normalize_activate_into(x, out, weight, bias, running_mean, running_var,
+                                          training, momentum, eps, act, slope, scale_mode)
+        ctx.spec = BackwardSpec.of(common.MODE_XHAT_FROM_X, act, slope, training, None, weight,
+                                   bias)
         ctx.save_for_backward(x, out, channel)
         return out
 
@@ -296,17 +351,18 @@ class _ABN(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dz):
         x, z, channel = ctx.saved_tensors
-        return (*_backward(ctx, z, dz, x, channel),) + (None,) * 8
+        grads = normalize_activate_backward(z, dz, x, channel, ctx.spec, ctx.needs_input_grad[0])
+        return grads + (None,) * 8
 
 
 class _InPlaceABN(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps, act,
                 slope, scale_mode, variant, group):
-        channel = _normalize_activate(x, x, weight, bias, running_mean, running_var, training,
-                                      momentum, eps, act, slope, scale_mode, group)
+        channel = normalize_activate_into(x, x, weight, bias, running_mean, running_var,
+                                          training, momentum, eps, act, slope, scale_mode, group)
         mode = common.MODE_Y if variant == "II" else common.MODE_XHAT_FROM_Y
-        _remember(ctx, training, act, slope, mode, group, weight, bias)
+        ctx.spec = BackwardSpec.of(mode, act, slope, training, group, weight, bias)
         ctx.mark_dirty(x)
         ctx.save_for_backward(x, channel)
         return x
@@ -315,7 +371,9 @@ class _InPlaceABN(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dz):
         z, channel = ctx.saved_tensors
-        return (*_backward(ctx, z, dz, None, channel),) + (None,) * 10
+        grads = normalize_activate_backward(z, dz, None, channel, ctx.spec,
+                                            ctx.needs_input_grad[0])
+        return grads + (None,) * 10
 
 
 def abn(input, weight=None, bias=None, running_mean=None, running_var=None, training=True,

@@ -1,5 +1,6 @@
 """Tests of the kernel benchmark (``experiments.bench_kernels``) and its reusable helpers."""
 import json
+import time
 import os
 import subprocess
 import sys
@@ -115,7 +116,6 @@ def test_time_callable_runs_setup_untimed_before_each_call():
 
     def setup():
         events.append("setup")
-        import time
         time.sleep(0.02)  # must not be counted
         return len(events)
 

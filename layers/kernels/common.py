@@ -2,7 +2,8 @@
 
 The scalar functions here are plain Python: ``cpu.py`` compiles them with ``numba.njit`` and
 ``cuda.py`` with ``numba.cuda.jit(device=True)``, so both backends run literally the same
-arithmetic.
+arithmetic. numba's on-disk cache is keyed on the file that defines a kernel: after editing this
+file, touch ``cpu.py`` and ``cuda.py`` (or clear their ``__pycache__``) to recompile.
 
 Canonical views
 ---------------
@@ -25,42 +26,51 @@ The backward kernels need, per element, a value ``v`` that the per-channel gradi
 """
 import math
 
+import numpy as np
+
 ACT_IDENTITY = 0
-ACT_LEAKY_RELU = 1
+ACT_LEAKY_RELU = 1  # ReLU is leaky ReLU with slope 0 (not invertible: never in MODE_Y*)
 ACT_ELU = 2
-ACT_RELU = 3
 
 MODE_Y = 0
 MODE_XHAT_FROM_Y = 1
 MODE_XHAT_FROM_X = 2
 
-#: ``y`` assigned to ELU outputs that sit exactly at the saturation ``z = -alpha``, where
-#: ``exp(y)`` fell below float32's resolution and ``y`` cannot be recovered: ``log(2**-24)``,
-#: the largest ``y`` whose ``exp`` rounds away in float32.
-ELU_SATURATED_Y = math.log(2.0 ** -24)
 
+def elu_saturated_y(dtype):
+    """``y`` assigned to ELU outputs at the saturation ``z = -alpha``, for data of ``dtype``.
+
+    There ``1 + z / alpha`` rounded to zero and ``y`` cannot be recovered: it lies below
+    ``log(epsneg)`` (about -16.6 in float32, -36.7 in float64), the value used, as a scalar of
+    ``dtype``. Such elements have ``dL/dy = 0``, so the gradients stay finite.
+    """
+    return np.dtype(dtype).type(math.log(np.finfo(dtype).epsneg))
+
+
+# The functions below are type-stable: every branch returns the type of the data (a float32
+# kernel computes in float32), so they take no float literal; ``slope`` and ``floor`` come as
+# scalars of the data's dtype. The activation is tested first and the sign in a conditional
+# expression, which LLVM turns into a branch-free select inside the kernels' loops.
 
 def act_forward(y, act, slope):
     """``z = act(y)``; ``slope`` is the leaky-ReLU slope or the ELU ``alpha``."""
-    if act == ACT_IDENTITY or y >= 0:
+    if act == ACT_IDENTITY:
         return y
     if act == ACT_LEAKY_RELU:
-        return y * slope
-    if act == ACT_ELU:
-        return slope * math.expm1(y)
-    return y * 0  # ACT_RELU, keeps the dtype of y
+        return y if y >= 0 else y * slope
+    return y if y >= 0 else slope * math.expm1(y)
 
 
-def act_inverse(z, act, slope):
-    """``y = act^-1(z)`` for the invertible activations (identity, leaky ReLU, ELU)."""
-    if act == ACT_IDENTITY or z >= 0:
+def act_inverse(z, act, slope, floor):
+    """``y = act^-1(z)`` for the invertible activations; ``floor``: see ``elu_saturated_y``."""
+    if act == ACT_IDENTITY:
         return z
     if act == ACT_LEAKY_RELU:
-        return z / slope
-    t = z / slope  # ELU
-    if t <= -1:
-        return ELU_SATURATED_Y + z * 0
-    return math.log1p(t)
+        return z if z >= 0 else z / slope
+    t = z / slope
+    if z >= 0:
+        return z
+    return math.log1p(t) if t > -1 else floor
 
 
 def act_grad(z, dz, act, slope):
@@ -68,10 +78,8 @@ def act_grad(z, dz, act, slope):
 
     At ``z == 0`` the negative branch is taken, as PyTorch's own activation backwards do.
     """
-    if act == ACT_IDENTITY or z > 0:
+    if act == ACT_IDENTITY:
         return dz
     if act == ACT_LEAKY_RELU:
-        return dz * slope
-    if act == ACT_ELU:
-        return dz * (z + slope)
-    return dz * 0  # ACT_RELU at z <= 0
+        return dz if z > 0 else dz * slope
+    return dz if z > 0 else dz * (z + slope)

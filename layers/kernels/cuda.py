@@ -19,7 +19,12 @@ once per thread and a reduction block only ever sums one channel (or one tile of
   ``threadIdx.y`` along the rows of the block's chunk of rows.
 
 The number of chunks aims at ``_TARGET_BLOCKS`` blocks in all (enough to fill a large GPU) while
-giving every thread at least ``_MIN_ITEMS`` elements.
+giving every thread at least ``_MIN_ITEMS`` elements; it is at most ``_TARGET_BLOCKS``.
+
+Both views stay correct for any shape, but threads idle where a block has little to do: in the
+``(M, C)`` view with ``C`` far from a multiple of 32 (``C = 3`` uses 3 lanes of a warp), and in
+the ``(N, C, S)`` view with many channels of few elements each (``S = 1``: better passed as the
+identical ``(N, C)`` view).
 
 Reductions (``moments``, ``backward_reduce``) take two launches: the first accumulates float64
 sums per thread, reduces them with a shared-memory tree per block and writes one partial per
@@ -35,12 +40,16 @@ mean of the shifted values to it.
 Launching
 ---------
 Kernels are compiled lazily, once per signature, and cached on disk (``cache=True``); importing
-this module compiles nothing and needs no GPU. On real CUDA tensors the arrays are zero-copy views
-(``numba.cuda.as_cuda_array``) and every launch goes to torch's current stream of the tensors'
-device, so it is ordered with the surrounding torch work without any synchronisation. Under the
-simulator the arrays are the tensors' ``numpy()`` views and the default stream is used (the
-simulator copies each array in and writes it back in argument order, so an ``out`` that aliases
-an earlier argument still ends up holding the result).
+this module compiles nothing and needs no GPU. numba keys that cache on this file alone: after
+editing ``common.py``, touch this file (or clear its ``__pycache__``) to recompile.
+
+On real CUDA tensors the arrays are zero-copy views (``numba.cuda.as_cuda_array``) and every launch
+runs in the context of the tensors' device on torch's current stream there, so it is ordered with
+the surrounding torch work without any synchronisation. The ``(C,)`` and ``(3, C)`` parameter
+tensors must be contiguous too (another layout would compile another specialisation, one that
+``KERNELS`` does not list). Under the simulator the arrays are the tensors' ``numpy()`` views and
+the default stream is used (the simulator copies each array in and writes it back in argument
+order, so an ``out`` that aliases an earlier argument still ends up holding the result).
 
 Run ``python -m layers.kernels.cuda --ptx 7.5 8.0 9.0`` to compile every kernel in ``KERNELS`` to
 PTX for these compute capabilities (no GPU needed).
@@ -56,17 +65,17 @@ import torch
 from numba import cuda
 
 from . import common
-from .common import MODE_XHAT_FROM_X, MODE_XHAT_FROM_Y, MODE_Y
+from .common import MODE_XHAT_FROM_X, MODE_XHAT_FROM_Y
 
-_SIMULATED = bool(numba.config.ENABLE_CUDASIM)
+#: Whether numba.cuda is the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1`` before its import).
+SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
 
 _THREADS = 256  # threads per block of the main kernels
 _TILE_C = 32  # channels per block in the (M, C) view: one warp wide
 _ROWS = _THREADS // _TILE_C  # rows per block step in the (M, C) view
 _TARGET_BLOCKS = 1024  # ~8 resident 256-thread blocks on each SM of a 132-SM GPU
 _MIN_ITEMS = 4  # elements per thread before another chunk is added
-_MAX_CHUNKS = 1024  # bounds the work of the per-channel partial sums
-_FINISH_THREADS = 128  # threads per block of the partial-summing kernels
+_FINISH_THREADS = 32  # threads (one warp) per block of the partial-summing kernels
 
 _device = cuda.jit(device=True, inline="always")
 _act_forward = _device(common.act_forward)
@@ -134,13 +143,13 @@ def _block_sums(acc1, acc2, stop):
 
 
 @_device
-def _dy_v(z, dz, x, p, q, act, slope, mode):
+def _dy_v(z, dz, x, p, q, act, slope, floor, mode):
     """``(dy, v)`` of one element, as defined by the backward ``mode`` (see ``common``)."""
     dy = _act_grad(z, dz, act, slope)
     if mode == MODE_XHAT_FROM_X:
         v = x * p + q
     else:
-        v = _act_inverse(z, act, slope)
+        v = _act_inverse(z, act, slope, floor)
         if mode == MODE_XHAT_FROM_Y:
             v = v * p + q
     return dy, v
@@ -162,7 +171,7 @@ def _sum_chunks(partials, c):
 
 
 def _moments_3d(x, span, out, partials):
-    """Partials of ``sum(x - k)``, ``sum((x - k)^2)``; stores ``k = x[0, c, 0]`` in ``out[0, c]``."""
+    """Partials of ``sum(x - k)``, ``sum((x - k)^2)``; parks ``k = x[0, c, 0]`` in ``out[0, c]``."""
     c = cuda.blockIdx.x
     k = float(x[0, c, 0])
     acc1 = 0.0
@@ -181,7 +190,7 @@ def _moments_3d(x, span, out, partials):
             out[0, c] = k
 
 
-def _grad_sums_3d(z, dz, x, p, q, act, slope, mode, span, partials):
+def _grad_sums_3d(z, dz, x, p, q, act, slope, floor, mode, span, partials):
     """Partials of ``sum(dy)``, ``sum(dy * v)``."""
     c = cuda.blockIdx.x
     pc = p[c]
@@ -192,7 +201,7 @@ def _grad_sums_3d(z, dz, x, p, q, act, slope, mode, span, partials):
     while j < end:
         zv = z[n, c, s]
         xv = x[n, c, s] if mode == MODE_XHAT_FROM_X else zv
-        dy, v = _dy_v(zv, dz[n, c, s], xv, pc, qc, act, slope, mode)
+        dy, v = _dy_v(zv, dz[n, c, s], xv, pc, qc, act, slope, floor, mode)
         acc1 += dy
         acc2 += float(dy) * v
         j, n, s = _walk_next_3d(j, n, s, dn, ds, z.shape[2])
@@ -213,7 +222,7 @@ def _forward_3d(x, out, a, b, act, slope, span):
         j, n, s = _walk_next_3d(j, n, s, dn, ds, x.shape[2])
 
 
-def _grad_input_3d(z, dz, x, p, q, coef, act, slope, mode, span, out):
+def _grad_input_3d(z, dz, x, p, q, coef, act, slope, floor, mode, span, out):
     """``out = dy * coef[0, c] + v * coef[1, c] + coef[2, c]``."""
     c = cuda.blockIdx.x
     pc = p[c]
@@ -225,7 +234,7 @@ def _grad_input_3d(z, dz, x, p, q, coef, act, slope, mode, span, out):
     while j < end:
         zv = z[n, c, s]
         xv = x[n, c, s] if mode == MODE_XHAT_FROM_X else zv
-        dy, v = _dy_v(zv, dz[n, c, s], xv, pc, qc, act, slope, mode)
+        dy, v = _dy_v(zv, dz[n, c, s], xv, pc, qc, act, slope, floor, mode)
         out[n, c, s] = dy * c0 + v * c1 + c2
         j, n, s = _walk_next_3d(j, n, s, dn, ds, z.shape[2])
 
@@ -235,7 +244,7 @@ def _grad_input_3d(z, dz, x, p, q, coef, act, slope, mode, span, out):
 
 
 def _moments_2d(x, span, out, partials):
-    """Partials of ``sum(x - k)``, ``sum((x - k)^2)``; stores ``k = x[0, c]`` in ``out[0, c]``."""
+    """Partials of ``sum(x - k)``, ``sum((x - k)^2)``; parks ``k = x[0, c]`` in ``out[0, c]``."""
     c, m, end = _tile_start_2d(x.shape[0], span)
     acc1 = 0.0
     acc2 = 0.0
@@ -254,7 +263,7 @@ def _moments_2d(x, span, out, partials):
             out[0, c] = x[0, c]
 
 
-def _grad_sums_2d(z, dz, x, p, q, act, slope, mode, span, partials):
+def _grad_sums_2d(z, dz, x, p, q, act, slope, floor, mode, span, partials):
     """Partials of ``sum(dy)``, ``sum(dy * v)``."""
     c, m, end = _tile_start_2d(z.shape[0], span)
     acc1 = 0.0
@@ -265,7 +274,7 @@ def _grad_sums_2d(z, dz, x, p, q, act, slope, mode, span, partials):
         while m < end:
             zv = z[m, c]
             xv = x[m, c] if mode == MODE_XHAT_FROM_X else zv
-            dy, v = _dy_v(zv, dz[m, c], xv, pc, qc, act, slope, mode)
+            dy, v = _dy_v(zv, dz[m, c], xv, pc, qc, act, slope, floor, mode)
             acc1 += dy
             acc2 += float(dy) * v
             m += _ROWS
@@ -286,7 +295,7 @@ def _forward_2d(x, out, a, b, act, slope, span):
             m += _ROWS
 
 
-def _grad_input_2d(z, dz, x, p, q, coef, act, slope, mode, span, out):
+def _grad_input_2d(z, dz, x, p, q, coef, act, slope, floor, mode, span, out):
     """``out = dy * coef[0, c] + v * coef[1, c] + coef[2, c]``."""
     c, m, end = _tile_start_2d(z.shape[0], span)
     if c < z.shape[1]:
@@ -298,7 +307,7 @@ def _grad_input_2d(z, dz, x, p, q, coef, act, slope, mode, span, out):
         while m < end:
             zv = z[m, c]
             xv = x[m, c] if mode == MODE_XHAT_FROM_X else zv
-            dy, v = _dy_v(zv, dz[m, c], xv, pc, qc, act, slope, mode)
+            dy, v = _dy_v(zv, dz[m, c], xv, pc, qc, act, slope, floor, mode)
             out[m, c] = dy * c0 + v * c1 + c2
             m += _ROWS
 
@@ -313,7 +322,7 @@ def _finish_moments(partials, count, out):
     if c < out.shape[1]:
         s1, s2 = _sum_chunks(partials, c)
         out[0, c] += s1 / count
-        out[1, c] = s2 - s1 * (s1 / count)
+        out[1, c] = max(s2 - s1 * (s1 / count), 0.0)  # >= 0 up to rounding
 
 
 def _finish_sums(partials, out):
@@ -342,9 +351,9 @@ def _signatures(args, ndim):
 
 
 _MOMENTS = "{a}, int64, float64[:, ::1], float64[:, :, ::1]"
-_GRAD_SUMS = "{a}, {a}, {a}, {v}, {v}, int64, {t}, int64, int64, float64[:, :, ::1]"
+_GRAD_SUMS = "{a}, {a}, {a}, {v}, {v}, int64, {t}, {t}, int64, int64, float64[:, :, ::1]"
 _FORWARD = "{a}, {a}, {v}, {v}, int64, {t}, int64"
-_GRAD_INPUT = "{a}, {a}, {a}, {v}, {v}, {m}, int64, {t}, int64, int64, {a}"
+_GRAD_INPUT = "{a}, {a}, {a}, {v}, {v}, {m}, int64, {t}, {t}, int64, int64, {a}"
 
 #: ``(python kernel, signatures)`` of every kernel, the signatures being those launched.
 KERNELS = (
@@ -378,7 +387,7 @@ def _geometry(shape):
     else:
         length, channel_blocks, block = shape[0], _ceil_div(shape[1], _TILE_C), (_TILE_C, _ROWS)
     per_block = _MIN_ITEMS * block[-1]  # a block steps _THREADS elements, or _ROWS rows
-    chunks = min(_ceil_div(_TARGET_BLOCKS, channel_blocks), _ceil_div(length, per_block), _MAX_CHUNKS)
+    chunks = min(_ceil_div(_TARGET_BLOCKS, channel_blocks), _ceil_div(length, per_block))
     span = _ceil_div(length, chunks)
     return (channel_blocks, _ceil_div(length, span)), block, span
 
@@ -395,13 +404,13 @@ def _external_stream(handle):
 
 def _array(t):
     """The zero-copy array a kernel takes for tensor ``t`` (see the module docstring)."""
-    return t.detach().numpy() if _SIMULATED else cuda.as_cuda_array(t.detach(), sync=False)
+    return t.detach().numpy() if SIMULATOR else cuda.as_cuda_array(t.detach(), sync=False)
 
 
 def _launch(kernel, grid, block, device, *args):
     """Launches ``kernel`` on torch's current stream of ``device``; tensors become arrays."""
     args = [_array(a) if isinstance(a, torch.Tensor) else a for a in args]
-    if _SIMULATED:
+    if SIMULATOR:
         _LAUNCHERS[kernel][grid, block](*args)
         return
     with cuda.gpus[device.index]:
@@ -414,12 +423,18 @@ def _scalar(t, value):
     return np.float32(value) if t.dtype == torch.float32 else float(value)
 
 
+def _floor(t):
+    """The ELU saturation ``y`` for ``t``'s dtype (``common.elu_saturated_y``)."""
+    return _scalar(t, common.elu_saturated_y(np.float32 if t.dtype == torch.float32
+                                                else np.float64))
+
+
 def _finish_grid(channels):
     return (_ceil_div(channels, _FINISH_THREADS),), (_FINISH_THREADS,)
 
 
 def _reduction_setup(x):
-    """Geometry, the float64 ``(2, C)`` result and the ``(2, chunks, C)`` partials of a reduction."""
+    """Geometry, float64 ``(2, C)`` result and ``(2, chunks, C)`` partials of a reduction."""
     grid, block, span = _geometry(tuple(x.shape))
     out = torch.empty(2, x.shape[1], dtype=torch.float64, device=x.device)
     partials = torch.empty(2, grid[1], x.shape[1], dtype=torch.float64, device=x.device)
@@ -448,12 +463,12 @@ def forward(x, out, a, b, act, slope):
 
 
 def backward_reduce(z, dz, x, p, q, act, slope, mode):
-    """float64 ``(2, C)``: ``sum(dy)`` and ``sum(dy * v)`` per channel (``dy``, ``v``: ``common``)."""
+    """float64 ``(2, C)``: per-channel ``sum(dy)`` and ``sum(dy * v)`` (see ``common``)."""
     if z.numel() == 0:
         return torch.zeros(2, z.shape[1], dtype=torch.float64, device=z.device)
     grid, block, span, out, partials = _reduction_setup(z)
     kernel = _grad_sums_3d if z.dim() == 3 else _grad_sums_2d
-    args = (z, dz, x, p, q, int(act), _scalar(z, slope), int(mode), span, partials)
+    args = (z, dz, x, p, q, int(act), _scalar(z, slope), _floor(z), int(mode), span, partials)
     _launch(kernel, grid, block, z.device, *args)
     _launch(_finish_sums, *_finish_grid(z.shape[1]), z.device, partials, out)
     return out
@@ -465,7 +480,7 @@ def backward_input(z, dz, x, p, q, coef, act, slope, mode, out):
         return
     grid, block, span = _geometry(tuple(z.shape))
     kernel = _grad_input_3d if z.dim() == 3 else _grad_input_2d
-    args = (z, dz, x, p, q, coef, int(act), _scalar(z, slope), int(mode), span, out)
+    args = (z, dz, x, p, q, coef, int(act), _scalar(z, slope), _floor(z), int(mode), span, out)
     _launch(kernel, grid, block, z.device, *args)
 
 
@@ -477,16 +492,19 @@ def compile_all_ptx(cc):
     """Compiles every signature of ``KERNELS`` to PTX for compute capability ``cc`` (a tuple).
 
     Yields ``(kernel name, signature, PTX size in bytes or the exception raised)``; a
-    ``CCSupportError`` (``cc`` unsupported by the installed NVVM) or ``NvvmSupportError`` (no
-    libNVVM) is raised instead, as it concerns the toolkit rather than a kernel.
+    ``CCSupportError`` (``cc`` unsupported by the installed toolkit), ``NvvmSupportError`` or
+    ``NvrtcSupportError`` (no libNVVM or NVRTC) is raised instead, as it concerns the toolkit
+    rather than a kernel.
     """
-    from numba.cuda.cudadrv.error import CCSupportError, NvvmSupportError
+    from numba.cuda.cudadrv.error import CCSupportError, NvrtcSupportError, NvvmSupportError
+    from numba.cuda.cudadrv.nvrtc import find_closest_arch
 
+    find_closest_arch(cc)  # what compile_ptx checks too, raising before any kernel is typed
     for fn, signatures in KERNELS:
         for sig in signatures:
             try:
                 ptx, _ = cuda.compile_ptx(fn, sig, cc=cc)
-            except (CCSupportError, NvvmSupportError):
+            except (CCSupportError, NvrtcSupportError, NvvmSupportError):
                 raise
             except Exception as error:  # a kernel that does not compile is reported, not fatal
                 yield fn.__name__, sig, error
@@ -510,16 +528,19 @@ def _ptx_main(ccs):
                 ok = isinstance(result, int)
                 failures += not ok
                 compiled += ok
-                print(f"{name} {sig} cc={text}: " + (f"{result} bytes" if ok else f"FAILED {result!r}"))
+                outcome = f"{result} bytes" if ok else f"FAILED {result!r}"
+                print(f"{name} {sig} cc={text}: {outcome}")
         except CCSupportError as error:
             print(f"cc={text}: SKIPPED, {error}", file=sys.stderr)
     return failures + (compiled == 0)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m layers.kernels.cuda", description=__doc__.split("\n")[0])
+    """``python -m layers.kernels.cuda --ptx CC [CC ...]``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m layers.kernels.cuda",
+                                     description="Compiles every CUDA kernel to PTX.")
     parser.add_argument("--ptx", nargs="+", metavar="CC", required=True,
-                        help="compute capabilities to compile every kernel for, e.g. 7.5 8.0 9.0")
+                        help="compute capabilities, e.g. 7.5 8.0 9.0")
     return 1 if _ptx_main(parser.parse_args(argv).ptx) else 0
 
 
