@@ -23,6 +23,9 @@ import torch
 C = 4
 SPATIAL = (5, 6)
 BATCH_SPLIT = (3, 5)  # per-rank batch sizes: unequal on purpose
+#: Extreme splits run over the world group: one sample (one value per channel and spatial
+#: position) on a rank, and an empty rank, which contributes nothing but must not fail.
+EXTREME_SPLITS = ((1, 7), (0, 8))
 ITERATIONS = 2
 EPS = 1e-5
 MOMENTUM = 0.1
@@ -56,9 +59,9 @@ def make_data():
     return weight, bias, xs, dzs
 
 
-def rank_slice(rank):
-    start = sum(BATCH_SPLIT[:rank])
-    return slice(start, start + BATCH_SPLIT[rank])
+def rank_slice(rank, split=BATCH_SPLIT):
+    start = sum(split[:rank])
+    return slice(start, start + split[rank])
 
 
 def make_layer(cls, variant, activation, activation_param, weight, bias, **kwargs):
@@ -109,10 +112,10 @@ def main(rank, world_size, init_method, out_dir):
         own = [dist.new_group([r]) for r in range(world_size)]
         groups["self"] = own[rank]
 
-        weight, bias, xs, dzs = make_data()
+        weight, bias, xs_full, dzs_full = make_data()
         part = rank_slice(rank)
-        xs = [x[part] for x in xs]
-        dzs = [dz[part] for dz in dzs]
+        xs = [x[part] for x in xs_full]
+        dzs = [dz[part] for dz in dzs_full]
 
         results = {}
         for group_name in GROUPS:
@@ -120,6 +123,13 @@ def main(rank, world_size, init_method, out_dir):
                 layer = make_layer(layers.InPlaceABNSync, variant, activation, param, weight,
                                    bias, group=groups[group_name])
                 results[(group_name, variant, activation)] = run_layer(layer, xs, dzs)
+        for split in EXTREME_SPLITS:
+            part = rank_slice(rank, split)
+            for variant, (activation, param) in CASES:
+                layer = make_layer(layers.InPlaceABNSync, variant, activation, param, weight,
+                                   bias)
+                results[(f"split{split}", variant, activation)] = run_layer(
+                    layer, [x[part] for x in xs_full], [dz[part] for dz in dzs_full])
         results["world_group_is_world"] = (
             layers.InPlaceABNSync(C)._group() is dist.group.WORLD)
         dist.barrier()

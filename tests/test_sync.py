@@ -165,6 +165,14 @@ def _check_against_reference(rank_results, group_name, reference, variant, activ
             assert int(g["num_batches_tracked"]) == step + 1 == int(want["num_batches_tracked"])
 
 
+@pytest.mark.parametrize("split", W.EXTREME_SPLITS, ids=lambda s: "split-%d-%d" % s)
+@pytest.mark.parametrize("variant, activation, param", CASE_PARAMS)
+def test_sync_with_a_one_sample_or_empty_rank(rank_results, data, variant, activation, param,
+                                              split):
+    reference = _reference(data, variant, activation, param)
+    _check_against_reference(rank_results, f"split{split}", reference, variant, activation)
+
+
 @pytest.mark.parametrize("variant, activation, param", CASE_PARAMS)
 def test_sync_two_ranks_matches_single_process(rank_results, data, variant, activation, param):
     reference = _reference(data, variant, activation, param)
