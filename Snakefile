@@ -1,19 +1,207 @@
 """Every experiment of both papers is a rule; `rule all` builds every table and figure.
 
-    snakemake --cores all                          # default profile (CPU, minutes)
-    snakemake --cores all --config profile=paper   # the papers' sizes, on GPUs
+    snakemake --cores all                                           # smoke profile (CPU, minutes)
+    snakemake --cores all --resources gpu=1 --config profile=paper  # the papers' sizes, on a GPU
+    snakemake --cores 2 iabn_table1_timing                          # one experiment
+
+The profile is experiments/config/<profile>.yaml (`--config profile=...`, default smoke); a
+`--configfile` or `--config` merges over it. The merged configuration is validated against
+experiments/config/schema.yaml before anything is planned. A run is `<profile>-<device>`; its
+files never collide with another run's (layout: experiments/paths.py).
+
+An experiment is one module `experiments/<id>.py` (one measured point per call) and one rule
+`<id>_point` here, plus an entry in EXPERIMENTS (its points and the notebooks that plot it).
+Aggregation, rendering, the per-experiment target rule `<id>` and the claims report are
+generic.
 """
+from pathlib import Path
+
 import yaml
+from snakemake.utils import validate
 
-PROFILE = config.get("profile", "smoke")
-with open(f"experiments/config/{PROFILE}.yaml") as handle:
-    config = {**yaml.safe_load(handle), **config}
+from experiments import paths
+
+CONFIG_DIR = Path(workflow.basedir) / "experiments" / "config"
+FIGURES = Path(workflow.basedir) / "figures"
+RENDERED_SUFFIXES = ("png", "pdf", "md", "tex")
+
+
+def merged(base, override):
+    """``base`` updated by ``override``, recursively for nested mappings."""
+    out = dict(base)
+    for key, value in override.items():
+        both_dicts = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = merged(out[key], value) if both_dicts else value
+    return out
+
+
+def profile_config(overrides):
+    """The profile named by ``overrides["profile"]`` (default smoke), ``overrides`` merged in."""
+    profile = overrides.get("profile", "smoke")
+    path = CONFIG_DIR / f"{profile}.yaml"
+    if not path.is_file():
+        available = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "schema")
+        raise ValueError(f"profile={profile!r}: no {path}; available profiles: {available}")
+    return merged(yaml.safe_load(path.read_text()), overrides)
+
+
+_profile = profile_config(config)
+config.clear()
+config.update(_profile)
+validate(config, "experiments/config/schema.yaml")
+
 DEVICE = config["device"]
+RUN = paths.run_name(config["profile"], DEVICE)
+# Timing jobs on one GPU would disturb each other: each takes one unit of `gpu`; pass
+# `--resources gpu=<number of GPUs>`.
+GPU = 1 if DEVICE == "cuda" else 0
+
+#: experiment id -> {"points": [point names], "notebooks": [notebooks that plot it]}
+EXPERIMENTS = {}
 
 
+def point_targets(experiment):
+    return [paths.point_json(experiment, RUN, p) for p in EXPERIMENTS[experiment]["points"]]
+
+
+def notebook_targets(notebook):
+    return [paths.rendered(notebook, RUN, s) for s in RENDERED_SUFFIXES]
+
+
+def experiment_targets(experiment):
+    """The aggregated CSV of ``experiment`` and everything its notebooks render."""
+    return [paths.aggregate_csv(experiment, RUN)] + [
+        t for nb in EXPERIMENTS[experiment]["notebooks"] for t in notebook_targets(nb)]
+
+
+# --------------------------------------------------------------------------- experiments
+FIG2 = config["densenet_fig2_contiguous"]
+EXPERIMENTS["densenet_fig2_contiguous"] = {
+    "points": [f"c{c}" for c in FIG2["in_channels"]],
+    "notebooks": ["densenet_fig2_contiguous"],
+}
+
+
+rule densenet_fig2_contiguous_point:
+    """DenseNet Fig. 2 right: a 3x3 convolution, contiguous vs non-contiguous input."""
+    output:
+        paths.point_json("densenet_fig2_contiguous", RUN, "c{in_channels}"),
+    log:
+        paths.job_log("densenet_fig2_contiguous", RUN, "c{in_channels}"),
+    benchmark:
+        paths.job_benchmark("densenet_fig2_contiguous", RUN, "c{in_channels}")
+    wildcard_constraints:
+        in_channels=r"\d+",
+    threads: FIG2["threads"]
+    resources:
+        gpu=GPU,
+    params:
+        cfg=FIG2,
+    shell:
+        "python -m experiments.densenet_fig2_contiguous --in-channels {wildcards.in_channels}"
+        " --out-channels {params.cfg[out_channels]} --batch {params.cfg[batch]}"
+        " --size {params.cfg[size]} --device {DEVICE} --dtype {params.cfg[dtype]}"
+        " --threads {threads} --warmup {params.cfg[warmup]} --repeats {params.cfg[repeats]}"
+        " --out {output} > {log} 2>&1"
+
+
+TABLE1 = config["iabn_table1_timing"]
+EXPERIMENTS["iabn_table1_timing"] = {
+    "points": TABLE1["modules"],
+    "notebooks": ["iabn_table1_timing"],
+}
+
+
+rule iabn_table1_timing_point:
+    """InPlace-ABN Table 1 right: BN+ACT+CONV time and saved memory per strategy."""
+    output:
+        paths.point_json("iabn_table1_timing", RUN, "{module}"),
+    log:
+        paths.job_log("iabn_table1_timing", RUN, "{module}"),
+    benchmark:
+        paths.job_benchmark("iabn_table1_timing", RUN, "{module}")
+    wildcard_constraints:
+        module="conv[1-4]",
+    threads: TABLE1["threads"]
+    resources:
+        gpu=GPU,
+    params:
+        cfg=TABLE1,
+        max_size="" if TABLE1["max_size"] is None else f"--max-size {TABLE1['max_size']}",
+    shell:
+        "python -m experiments.iabn_table1_timing --module {wildcards.module}"
+        " --batch {params.cfg[batch]} {params.max_size} --device {DEVICE}"
+        " --dtype {params.cfg[dtype]} --threads {threads} --warmup {params.cfg[warmup]}"
+        " --repeats {params.cfg[repeats]} --out {output} > {log} 2>&1"
+
+
+# --------------------------------------------------------------------------- generic rules
 rule all:
+    """Every experiment, its figures and tables, the kernel benchmark and the claims report."""
+    default_target: True
     input:
         f"artifacts/bench_kernels/{DEVICE}.json",
+        [t for e in EXPERIMENTS for t in experiment_targets(e)],
+        "figures/claims.md",
+
+
+for _experiment in EXPERIMENTS:
+
+    rule:
+        name:
+            _experiment
+        input:
+            experiment_targets(_experiment),
+
+
+rule aggregate:
+    """One CSV per experiment and run, one row per measurement of every point."""
+    input:
+        lambda wildcards: point_targets(wildcards.experiment),
+    output:
+        paths.aggregate_csv("{experiment}", RUN),
+    log:
+        paths.job_log("{experiment}", RUN, "aggregate"),
+    wildcard_constraints:
+        experiment="|".join(EXPERIMENTS),
+    shell:
+        "python -m experiments.aggregate --out {output} {input} > {log} 2>&1"
+
+
+def notebook_inputs(wildcards):
+    """The notebook and the CSVs of every experiment it plots."""
+    read = [e for e, spec in EXPERIMENTS.items() if wildcards.notebook in spec["notebooks"]]
+    return [str(FIGURES / f"{wildcards.notebook}.ipynb")] + [
+        paths.aggregate_csv(e, RUN) for e in read]
+
+
+rule render:
+    """Execute a figure notebook headless: its figure (PNG, PDF) and table (Markdown, LaTeX)."""
+    input:
+        notebook_inputs,
+    output:
+        [paths.rendered("{notebook}", RUN, s) for s in RENDERED_SUFFIXES],
+    log:
+        paths.job_log("figures", RUN, "{notebook}"),
+    wildcard_constraints:
+        notebook="|".join(nb for e in EXPERIMENTS.values() for nb in e["notebooks"]),
+    shell:
+        "python -m experiments.render {input[0]} --run {RUN} --artifacts artifacts"
+        " --out figures/{RUN} > {log} 2>&1"
+
+
+rule claims:
+    """The papers' claims beside every run's numbers (all runs under artifacts/)."""
+    input:
+        [paths.aggregate_csv(e, RUN) for e in EXPERIMENTS],
+        paper=[f"artifacts/paper/{name}" for name in ("memory_efficient_densenets.yaml",
+                                                      "inplace_abn.yaml")],
+    output:
+        "figures/claims.md",
+    log:
+        "artifacts/logs/claims.log",
+    shell:
+        "python -m experiments.claims --artifacts artifacts --out {output} > {log} 2>&1"
 
 
 rule bench_kernels:
@@ -22,6 +210,7 @@ rule bench_kernels:
         "artifacts/bench_kernels/{device}.json",
     log:
         "artifacts/logs/bench_kernels/{device}.log",
+    threads: config["bench_kernels"]["threads"]
     params:
         shape=" ".join(str(s) for s in config["bench_kernels"]["shape"]),
         bench=config["bench_kernels"],

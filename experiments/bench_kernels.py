@@ -171,8 +171,7 @@ def _ratios(results):
 
 def run_benchmark(args):
     """Run every measurement; return the JSON-serialisable report."""
-    torch.set_num_threads(args.threads)
-    numba.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)  # the layers' numba loops follow torch's count
     torch.manual_seed(SEED)
     shape, dtype, device = tuple(args.shape), DTYPES[args.dtype], torch.device(args.device)
     tensor_bytes = torch.Size(shape).numel() * dtype.itemsize

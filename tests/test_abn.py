@@ -371,3 +371,15 @@ def test_chained_inplace_layers_work_with_a_clone():
     x = non_leaf()
     second(first(x).clone()).sum().backward()
     assert first.weight.grad is not None and torch.isfinite(first.weight.grad).all()
+
+
+def test_numba_loops_follow_torch_threads():
+    import numba
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        layers.InPlaceABN(3)(non_leaf())
+        assert numba.get_num_threads() == 1 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

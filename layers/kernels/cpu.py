@@ -18,6 +18,9 @@ constants (:func:`_specialized`), so LLVM sees straight-line, branch-free loop b
 vectorises; with the activation and mode as run-time values it does not, and the loops run
 several times slower.
 
+Threads: the loops run on as many threads as ``torch.get_num_threads()`` (at most
+``NUMBA_NUM_THREADS``), so ``torch.set_num_threads`` governs both libraries.
+
 All functions compile lazily on first use and are cached on disk (``cache=True``).
 """
 import numba
@@ -249,6 +252,19 @@ def _np(t):
     return t.detach().numpy()
 
 
+def _follow_torch_threads():
+    """Give numba's loops torch's thread count.
+
+    Launching numba's OpenMP pool (on the first ``set_num_threads``) resets the process's
+    OpenMP thread count, which torch's own operators read too: torch's count is restored.
+    """
+    torch_threads = torch.get_num_threads()
+    wanted = min(torch_threads, numba.config.NUMBA_NUM_THREADS)
+    if numba.get_num_threads() != wanted:
+        numba.set_num_threads(wanted)
+        torch.set_num_threads(torch_threads)
+
+
 def _chunks(rows):
     """Row blocks a channels-last loop is split into: a few per thread."""
     return max(1, min(rows, 4 * numba.get_num_threads()))
@@ -261,6 +277,7 @@ def _scalar(value, like):
 
 def moments(x):
     """Per-channel ``[mean, M2]`` (float64, shape ``(2, C)``) of a canonical view."""
+    _follow_torch_threads()
     if x.dim() == 3:
         return torch.from_numpy(_moments_ncs(_np(x)))
     return torch.from_numpy(_moments_mc(_np(x), _chunks(x.shape[0])))
@@ -268,6 +285,7 @@ def moments(x):
 
 def forward(x, out, a, b, act, slope):
     """``out = act(x * a + b)`` per channel; ``out`` may be ``x`` itself."""
+    _follow_torch_threads()
     xa = _np(x)
     args = (xa, _np(out), _np(a), _np(b), act, _scalar(slope, xa))
     if x.dim() == 3:
@@ -278,6 +296,7 @@ def forward(x, out, a, b, act, slope):
 
 def backward_reduce(z, dz, x, p, q, act, slope, mode):
     """``[sum(dy), sum(dy * v)]`` per channel (float64, shape ``(2, C)``)."""
+    _follow_torch_threads()
     za = _np(z)
     args = (za, _np(dz), _np(x), _np(p), _np(q), act, _scalar(slope, za),
             common.elu_saturated_y(za.dtype), mode)
@@ -288,6 +307,7 @@ def backward_reduce(z, dz, x, p, q, act, slope, mode):
 
 def backward_input(z, dz, x, p, q, coef, act, slope, mode, out):
     """``out = dy * coef[0] + v * coef[1] + coef[2]`` per channel."""
+    _follow_torch_threads()
     za = _np(z)
     args = (za, _np(dz), _np(x), _np(p), _np(q), _np(coef), act, _scalar(slope, za),
             common.elu_saturated_y(za.dtype), mode, _np(out))

@@ -1,0 +1,100 @@
+"""The layout of ``artifacts/`` and ``figures/``, shared by the Snakefile, the experiments, the
+aggregation, the notebooks and the claims report (so a path is spelled in one place)::
+
+    artifacts/<experiment>/<run>/<point>.json   one measured point (config, results, environment)
+    artifacts/<experiment>.<run>.csv            every point of one run, one row per measurement
+    artifacts/logs/<experiment>/<run>/<point>.log, artifacts/benchmarks/...   per-job log, host time
+    artifacts/paper/                            the papers' own numbers, transcribed
+    figures/<notebook>.ipynb                    one notebook per figure/table
+    figures/<run>/<notebook>.{png,pdf,md,tex}   what a notebook renders for one run
+    figures/claims.md                           the papers' claims beside every run's numbers
+
+A *run* is ``<profile>-<device>`` (``smoke-cpu``, ``paper-cuda``), so runs of different profiles
+or devices never write the same file. Notebooks find their inputs through the environment
+variables ``ARTIFACTS_DIR`` (default ``<repo>/artifacts``), ``ARTIFACTS_RUN`` (default: the run
+whose CSV was written last) and ``FIGURES_DIR`` (default ``<repo>/figures/<run>``), which the
+pipeline and the tests set.
+
+Importing this module is cheap (no torch): the Snakefile imports it when it is parsed.
+"""
+import os
+import re
+from pathlib import Path
+
+#: The repository root (the parent of the ``experiments`` package).
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+#: Experiment ids, profiles and devices: lower-case words joined by underscores.
+_NAME = re.compile(r"^[a-z0-9]+(_[a-z0-9]+)*$")
+
+
+def _check_name(argument, value):
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise ValueError(f"{argument}={value!r} must be lower-case letters, digits and "
+                         "underscores, e.g. 'smoke' or 'densenet_fig2_contiguous'")
+    return value
+
+
+def run_name(profile, device):
+    """The run of a profile on a device: ``run_name("smoke", "cpu") == "smoke-cpu"``."""
+    return f"{_check_name('profile', profile)}-{_check_name('device', device)}"
+
+
+def point_json(experiment, run, point, root="artifacts"):
+    """``<root>/<experiment>/<run>/<point>.json`` (wildcards such as ``{point}`` pass through)."""
+    return f"{root}/{experiment}/{run}/{point}.json"
+
+
+def aggregate_csv(experiment, run, root="artifacts"):
+    """``<root>/<experiment>.<run>.csv``: the aggregated points of one run."""
+    return f"{root}/{experiment}.{run}.csv"
+
+
+def job_log(experiment, run, point, root="artifacts"):
+    """``<root>/logs/<experiment>/<run>/<point>.log``: stdout and stderr of one job."""
+    return f"{root}/logs/{experiment}/{run}/{point}.log"
+
+
+def job_benchmark(experiment, run, point, root="artifacts"):
+    """``<root>/benchmarks/<experiment>/<run>/<point>.tsv``: Snakemake's host time/memory."""
+    return f"{root}/benchmarks/{experiment}/{run}/{point}.tsv"
+
+
+def rendered(notebook, run, suffix, root="figures"):
+    """``<root>/<run>/<notebook>.<suffix>``: a figure or table a notebook rendered."""
+    return f"{root}/{run}/{notebook}.{suffix}"
+
+
+def runs_of(experiment, root):
+    """The runs with an aggregated CSV of ``experiment`` under ``root``, sorted by name."""
+    prefix = f"{experiment}."
+    return sorted(p.name[len(prefix):-len(".csv")] for p in Path(root).glob(f"{prefix}*.csv"))
+
+
+# --------------------------------------------------------------------------- notebooks
+def artifacts_dir():
+    """``$ARTIFACTS_DIR``, else ``<repo>/artifacts``."""
+    return Path(os.environ.get("ARTIFACTS_DIR") or REPO_ROOT / "artifacts")
+
+
+def current_run(experiment):
+    """``$ARTIFACTS_RUN``, else the run of ``experiment`` whose CSV was written last."""
+    run = os.environ.get("ARTIFACTS_RUN")
+    if run:
+        return run
+    root = artifacts_dir()
+    runs = runs_of(experiment, root)
+    if not runs:
+        raise FileNotFoundError(
+            f"no {aggregate_csv(experiment, '<run>', root)} found: run "
+            f"`snakemake --cores 2 {experiment}` first, or set ARTIFACTS_DIR")
+    return max(runs, key=lambda r: Path(aggregate_csv(experiment, r, root)).stat().st_mtime)
+
+
+def figures_dir(run):
+    """``$FIGURES_DIR``, else ``<repo>/figures/<run>``."""
+    return Path(os.environ.get("FIGURES_DIR") or REPO_ROOT / "figures" / run)
+
+
+__all__ = ["REPO_ROOT", "run_name", "point_json", "aggregate_csv", "job_log", "job_benchmark",
+           "rendered", "runs_of", "artifacts_dir", "current_run", "figures_dir"]
