@@ -1,10 +1,15 @@
 """Memory-saving layers: In-Place Activated BatchNorm and memory-efficient DenseNets.
 
 ``ABN``, ``InPlaceABN`` and ``InPlaceABNSync`` are ``nn.Module``s; :mod:`layers.functional`
-holds the autograd functions behind them. Kernels (:mod:`layers.kernels`) compile lazily on
+holds the autograd functions behind them. :mod:`layers.densenet` builds DenseNet-BC networks
+with the naive, shared-storage (Pleiss et al.) or checkpointed implementation. Kernels (:mod:`layers.kernels`) compile lazily on
 first use, so importing this package is cheap.
 """
 from . import functional
 from .abn import ABN, InPlaceABN, InPlaceABNSync
+from .densenet import (DenseNet, densenet121, densenet161, densenet169, densenet201,
+                       densenet232, densenet264, densenet_bc)
 
-__all__ = ["ABN", "InPlaceABN", "InPlaceABNSync", "functional"]
+__all__ = ["ABN", "InPlaceABN", "InPlaceABNSync", "DenseNet", "densenet_bc", "densenet121",
+           "densenet161", "densenet169", "densenet201", "densenet232", "densenet264",
+           "functional"]

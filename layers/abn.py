@@ -13,6 +13,25 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from . import functional
 
 
+def batch_norm_arguments(module):
+    """``(training, running_mean, running_var, momentum)`` for one forward of ``module``.
+
+    ``module`` is any ``nn.BatchNorm*``-like module (``ABN`` and its subclasses included). As
+    ``nn.BatchNorm2d.forward`` does, this counts the batch in ``num_batches_tracked`` and turns
+    ``momentum=None`` into the cumulative-average factor ``1 / num_batches_tracked``.
+    """
+    factor = 0.0 if module.momentum is None else module.momentum
+    if module.training and module.track_running_stats and module.num_batches_tracked is not None:
+        module.num_batches_tracked.add_(1)
+        if module.momentum is None:
+            factor = 1.0 / float(module.num_batches_tracked)
+    training = module.training or (module.running_mean is None and module.running_var is None)
+    keep = not module.training or module.track_running_stats
+    running_mean = module.running_mean if keep else None
+    running_var = module.running_var if keep else None
+    return training, running_mean, running_var, factor
+
+
 class ABN(_BatchNorm):
     """Batch normalization followed by an activation, out of place.
 
@@ -38,26 +57,9 @@ class ABN(_BatchNorm):
         if input.dim() < 2:
             raise ValueError(f"expected an (N, C, *) input, got shape {tuple(input.shape)}")
 
-    def _batch_norm_arguments(self):
-        """``(training, running_mean, running_var, momentum)`` as ``nn.BatchNorm2d`` uses them.
-
-        Counts the batch in ``num_batches_tracked`` and turns ``momentum=None`` into the
-        cumulative-average factor ``1 / num_batches_tracked``.
-        """
-        factor = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            self.num_batches_tracked.add_(1)
-            if self.momentum is None:
-                factor = 1.0 / float(self.num_batches_tracked)
-        training = self.training or (self.running_mean is None and self.running_var is None)
-        keep = not self.training or self.track_running_stats
-        running_mean = self.running_mean if keep else None
-        running_var = self.running_var if keep else None
-        return training, running_mean, running_var, factor
-
     def _common_arguments(self, input):
         self._check_input_dim(input)
-        training, running_mean, running_var, momentum = self._batch_norm_arguments()
+        training, running_mean, running_var, momentum = batch_norm_arguments(self)
         return dict(input=input, weight=self.weight, bias=self.bias, running_mean=running_mean,
                     running_var=running_var, training=training, momentum=momentum,
                     eps=self.eps, activation=self.activation,

@@ -1,0 +1,433 @@
+"""Memory and time of one model's training step (forward + backward), for the DenseNet figures.
+
+Run as ``python -m experiments.measure --model densenet_bc --depth 40 --growth-rate 12
+--impl shared --batch 8 --device cpu [--json out.json]``, or call :func:`measure`. Models
+(:class:`ModelSpec`): ``densenet_bc`` (``--depth``, ``--growth-rate``), ``densenet121`` ...
+``densenet264`` (ImageNet), all with ``--impl``, ``--norm``, ``--postact``; and
+``torchvision_densenet``, torchvision's ``DenseNet(memory_efficient=True)`` with the CIFAR
+stem of ``densenet_bc`` (same ``--depth`` and ``--growth-rate``), the outside reference.
+
+A step is ``model(x).backward(g)`` in training mode with a fixed random input ``x`` and output
+gradient ``g``; parameter gradients are zeroed (kept allocated) before each step. Reported:
+
+* ``saved_tensor_bytes``: the bytes autograd holds for backward after one forward, from
+  ``torch.autograd.graph.saved_tensors_hooks``: every saved tensor's storage counted once,
+  parameters and buffers excluded (they are resident anyway). ``shared_storage_bytes``: the
+  shared storages of ``impl="shared"`` (0 otherwise). ``saved_bytes``: their sum.
+* ``lower_bound_bytes`` (:func:`lower_bound_bytes`): what must persist for backward, from the
+  architecture; ``saved_over_lower_bound = saved_bytes / lower_bound_bytes``.
+* ``peak_bytes``: the peak memory of one step above the memory before it (model, input,
+  gradients and, after warm-up, the shared storages). On CUDA ``torch.cuda.max_memory_allocated``
+  after a reset; on the CPU the peak resident set (``ru_maxrss``) of a fresh subprocess that runs
+  one step of the configuration, minus its resident set just before the step.
+* ``time``: median, min and max seconds per step after warm-up (CUDA events on GPU).
+* ``param_count`` and ``param_bytes``.
+"""
+import argparse
+import dataclasses
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import numba
+import torch
+import torch.nn as nn
+import torchvision
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from layers import densenet
+
+from .artifacts import write_json_atomic
+from .environment import REPO_ROOT, describe_environment
+from .point import DTYPES, SEED
+from .saved_tensors import saved_storages
+from .timing import time_callable
+
+IMAGENET_MODELS = ("densenet121", "densenet169", "densenet201", "densenet161", "densenet232",
+                   "densenet264")
+MODELS = ("densenet_bc", *IMAGENET_MODELS, "torchvision_densenet")
+#: Models that take a growth rate (the others fix it).
+GROWTH_RATE_MODELS = ("densenet_bc", "densenet264", "torchvision_densenet")
+#: Models built from a depth (CIFAR layout, 32x32 inputs by default).
+DEPTH_MODELS = ("densenet_bc", "torchvision_densenet")
+DEFAULT_CIFAR_GROWTH_RATE = 12
+
+
+# --------------------------------------------------------------------------- models
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """A model by name and options: builds it, and is what a peak-memory subprocess runs.
+
+    ``impl``, ``norm`` and ``preact`` are those of :mod:`layers.densenet` (``None``: its
+    defaults ``"shared"``, ``"bn"``, ``True``); the ``torchvision_densenet`` reference has none.
+    """
+
+    model: str
+    depth: int = None
+    growth_rate: int = None
+    impl: str = None
+    norm: str = None
+    preact: bool = None
+    num_classes: int = None
+
+    def __post_init__(self):
+        if self.model not in MODELS:
+            raise ValueError(f"model={self.model!r} is not supported; allowed: "
+                             f"{', '.join(MODELS)}")
+        if (self.depth is None) == (self.model in DEPTH_MODELS):
+            raise ValueError(f"depth={self.depth!r}: a depth is required by, and only "
+                             f"accepted by, {' and '.join(DEPTH_MODELS)}")
+        if self.growth_rate is not None and self.model not in GROWTH_RATE_MODELS:
+            raise ValueError(f"growth_rate={self.growth_rate!r}: {self.model} has a fixed "
+                             f"growth rate (only {', '.join(GROWTH_RATE_MODELS)} take one)")
+        if self.model == "torchvision_densenet":
+            if (self.impl, self.norm, self.preact) != (None, None, None):
+                raise ValueError("impl, norm and preact do not apply to torchvision_densenet "
+                                 "(torchvision's checkpointed BN-ReLU pre-activation model)")
+        else:
+            for name, default in (("impl", "shared"), ("norm", "bn"), ("preact", True)):
+                if getattr(self, name) is None:
+                    object.__setattr__(self, name, default)
+        if self.model in DEPTH_MODELS and self.growth_rate is None:
+            object.__setattr__(self, "growth_rate", DEFAULT_CIFAR_GROWTH_RATE)
+
+    @property
+    def default_size(self):
+        """The input's height and width by default: 32 (CIFAR) or 224 (ImageNet)."""
+        return 32 if self.model in DEPTH_MODELS else 224
+
+    def _options(self):
+        options = {"num_classes": self.num_classes}
+        if self.growth_rate is not None:
+            options["growth_rate"] = self.growth_rate
+        return {k: v for k, v in options.items() if v is not None}
+
+    def build(self):
+        """A new model (in training mode, on the CPU or the current default device)."""
+        if self.model == "torchvision_densenet":
+            return _torchvision_cifar_densenet(self.depth, **self._options())
+        options = dict(impl=self.impl, norm=self.norm, preact=self.preact, **self._options())
+        if self.model == "densenet_bc":
+            return densenet.densenet_bc(self.depth, **options)
+        return getattr(densenet, self.model)(**options)
+
+    def cli_args(self):
+        """The command-line arguments that rebuild this spec."""
+        args = ["--model", self.model]
+        for flag, value in (("--depth", self.depth), ("--growth-rate", self.growth_rate),
+                            ("--num-classes", self.num_classes), ("--impl", self.impl),
+                            ("--norm", self.norm)):
+            if value is not None:
+                args += [flag, str(value)]
+        if self.preact is False:
+            args.append("--postact")
+        return args
+
+
+def _torchvision_cifar_densenet(depth, growth_rate, num_classes=10):
+    """torchvision's DenseNet (``memory_efficient=True``) with ``densenet_bc``'s 32x32 stem.
+
+    Same layers, names and parameters as :func:`layers.densenet.densenet_bc`: the ImageNet
+    stem's ``norm0``, ``relu0`` and ``pool0`` become identities and ``conv0`` a 3x3 one.
+    """
+    reference = densenet.densenet_bc(depth, growth_rate, num_classes, impl="naive")
+    n = len(reference.features.denseblock1)
+    model = torchvision.models.DenseNet(growth_rate, (n, n, n), 2 * growth_rate, bn_size=4,
+                                        num_classes=num_classes, memory_efficient=True)
+    model.features.conv0 = nn.Conv2d(3, 2 * growth_rate, kernel_size=3, padding=1, bias=False)
+    for name in ("norm0", "relu0", "pool0"):
+        setattr(model.features, name, nn.Identity())
+    model.load_state_dict(reference.state_dict())
+    return model
+
+
+# --------------------------------------------------------------------------- memory
+def saved_tensor_bytes(model, x):
+    """``(bytes, count)`` of the distinct storages autograd saves in one forward of ``model``
+    (:func:`experiments.saved_tensors.saved_storages`: parameters and buffers left out).
+
+    Tensors saved inside a checkpointed region go to the checkpoint's own hooks, which drop
+    them, so they are not counted: they are not kept.
+    """
+    sizes = saved_storages(model, x)
+    return sum(sizes), len(sizes)
+
+
+def lower_bound_bytes(model, input_shape, dtype=torch.float32):
+    """The bytes that must persist for backward of ``model``, from its architecture.
+
+    Counted: the input (conv0's weight gradient reads it); the output of every ``nn.Conv2d``
+    (the paper's "convolution feature maps": features, bottlenecks, transitions); the output
+    of every pooling module (max/avg pool: the first features of a block); the input of every
+    ``nn.Linear`` (its weight gradient reads it); and two per-channel vectors (batch mean and
+    inverse standard deviation) per normalization channel. Not counted: concatenations and
+    normalization/activation outputs, which can be recomputed from the above. Dropout masks are
+    not counted (use ``drop_rate=0``).
+
+    Shapes come from one forward of ``model``, moved to the meta device (no data, no memory),
+    so ``model`` must run its convolutions as modules and on meta tensors: pass a ``naive``,
+    ``norm="bn"`` DenseNet of the architecture, or torchvision's.
+    """
+    itemsize = dtype.itemsize
+    total = [torch.Size(input_shape).numel() * itemsize]
+
+    def count(module, inputs, output):
+        if isinstance(module, (nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d)):
+            total.append(output.numel() * itemsize)
+        elif isinstance(module, nn.Linear):
+            total.append(inputs[0].numel() * itemsize)
+        elif isinstance(module, _BatchNorm):
+            total.append(2 * module.num_features * itemsize)
+
+    model = model.to(device="meta", dtype=dtype).train()
+    handles = [m.register_forward_hook(count) for m in model.modules()]
+    try:
+        with torch.no_grad():
+            model(torch.empty(input_shape, device="meta", dtype=dtype))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return sum(total)
+
+
+def _reference_model(spec):
+    """``spec``'s architecture as a naive BN DenseNet on the meta device (shapes only)."""
+    model = "densenet_bc" if spec.model == "torchvision_densenet" else spec.model
+    reference = dataclasses.replace(spec, model=model, impl="naive", norm="bn")
+    with torch.device("meta"):
+        return reference.build()
+
+
+def _resident_bytes():
+    """The current resident set size of this process (Linux: ``/proc/self/statm``)."""
+    with open("/proc/self/statm", encoding="ascii") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _max_resident_bytes():
+    """The peak resident set size of this process so far (``ru_maxrss`` is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# --------------------------------------------------------------------------- one configuration
+class _Step:
+    """A model, a fixed input and output gradient, and one training step on them."""
+
+    def __init__(self, spec, input_shape, device, dtype):
+        torch.manual_seed(SEED)
+        self.model = spec.build().to(device=device, dtype=dtype).train()
+        generator = torch.Generator().manual_seed(SEED)
+        num_classes = self.model.classifier.out_features
+        self.x = torch.randn(input_shape, generator=generator, dtype=dtype).to(device)
+        self.grad = torch.randn((input_shape[0], num_classes), generator=generator,
+                                dtype=dtype).to(device)
+
+    def zero_grad(self):
+        """Zero the parameter gradients in place (they stay allocated)."""
+        self.model.zero_grad(set_to_none=False)
+
+    def __call__(self, _=None, batch=None):
+        """Forward + backward on the whole input, or on its first ``batch`` samples."""
+        self.model(self.x[:batch]).backward(self.grad[:batch])
+
+
+def _cuda_peak(step):
+    """Peak CUDA memory of one step above the allocated memory before it."""
+    device = step.x.device
+    step.zero_grad()
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    baseline = torch.cuda.memory_allocated(device)
+    step()
+    torch.cuda.synchronize(device)
+    return {"peak_bytes": torch.cuda.max_memory_allocated(device) - baseline,
+            "peak_baseline_bytes": baseline, "peak_method": "cuda_max_memory_allocated"}
+
+
+def peak_child(spec, input_shape, dtype):
+    """The peak resident memory of one CPU step above the memory before it (run this in a
+    fresh process: ``ru_maxrss`` is the peak over the process's life).
+
+    A warm-up step on two samples first loads the kernels and allocates the parameter
+    gradients, so neither is counted; the measured step's growth of the shared storages is.
+    """
+    step = _Step(spec, input_shape, "cpu", dtype)
+    step(batch=min(2, input_shape[0]))
+    step.zero_grad()
+    baseline = _resident_bytes()
+    before = _max_resident_bytes()
+    step()
+    peak = _max_resident_bytes()
+    return {"peak_bytes": peak - baseline, "peak_baseline_bytes": baseline,
+            "peak_rss_bytes": peak, "peak_rss_before_bytes": before,
+            "peak_method": "cpu_maxrss_subprocess"}
+
+
+def _cpu_peak(spec, input_shape, dtype, threads):
+    """:func:`peak_child` in a fresh ``python -m experiments.measure --peak-child``."""
+    args = [sys.executable, "-m", "experiments.measure", *spec.cli_args(),
+            "--batch", str(input_shape[0]), "--size", str(input_shape[2]),
+            "--dtype", _dtype_name(dtype), "--peak-child"]
+    if threads is not None:
+        args += ["--threads", str(threads)]
+    result = subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"peak-memory subprocess failed ({' '.join(args)}):\n"
+                           f"{result.stderr[-4000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _dtype_name(dtype):
+    return next(name for name, value in DTYPES.items() if value == dtype)
+
+
+def _set_threads(threads):
+    """numba's then torch's thread count (the order of :func:`experiments.point.setup`:
+    launching numba's OpenMP pool resets the count torch's own operators use)."""
+    if threads is not None:
+        numba.set_num_threads(threads)
+        torch.set_num_threads(threads)
+
+
+def measure(spec, input_shape, device="cpu", dtype=torch.float32, warmup=1, repeats=5,
+            peak=True, threads=None):
+    """Measure one configuration; return the JSON-serialisable report (see the module doc).
+
+    ``spec`` is a :class:`ModelSpec` (it builds the model, its reference architecture for the
+    lower bound and the peak-memory subprocess); ``input_shape`` is ``(N, 3, H, W)``;
+    ``threads`` sets torch's and numba's thread counts (``None``: leave them). With
+    ``peak=False`` the peak fields are ``None``.
+    """
+    device = torch.device(device)
+    input_shape = tuple(input_shape)
+    _set_threads(threads)
+    step = _Step(spec, input_shape, device, dtype)
+    timing = time_callable(step, warmup, repeats, device, setup=step.zero_grad)
+    saved, saved_count = saved_tensor_bytes(step.model, step.x)
+    shared = (step.model.shared_storage_bytes()
+              if isinstance(step.model, densenet.DenseNet) else 0)
+    lower_bound = lower_bound_bytes(_reference_model(spec), input_shape, dtype)
+    peak_fields = {"peak_bytes": None, "peak_baseline_bytes": None, "peak_method": None}
+    if peak and device.type == "cuda":
+        peak_fields = _cuda_peak(step)
+    elif peak:
+        peak_fields = _cpu_peak(spec, input_shape, dtype, threads)
+    params = list(step.model.parameters())
+    return {
+        "model": dataclasses.asdict(spec),
+        "input_shape": list(input_shape),
+        "dtype": _dtype_name(dtype),
+        "device": device.type,
+        "warmup": warmup,
+        "param_count": sum(p.numel() for p in params),
+        "param_bytes": sum(p.numel() * p.element_size() for p in params),
+        "saved_tensor_bytes": saved,
+        "saved_tensor_count": saved_count,
+        "shared_storage_bytes": shared,
+        "saved_bytes": saved + shared,
+        "lower_bound_bytes": lower_bound,
+        "saved_over_lower_bound": (saved + shared) / lower_bound,
+        "saved_tensor_over_lower_bound": saved / lower_bound,
+        **peak_fields,
+        "time": timing,
+        "environment": describe_environment(device),
+    }
+
+
+# --------------------------------------------------------------------------- command line
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.measure",
+        description="Saved bytes, lower bound, peak memory and time of one training step.")
+    parser.add_argument("--model", choices=MODELS, default="densenet_bc")
+    parser.add_argument("--depth", type=int, default=None,
+                        help="depth 6n+4 of densenet_bc / torchvision_densenet (e.g. 40, 100)")
+    parser.add_argument("--growth-rate", type=int, default=None,
+                        help="k (densenet_bc default 12, densenet264 default 32)")
+    parser.add_argument("--impl", choices=densenet.IMPLS, default=None,
+                        help="DenseNet implementation (default: shared)")
+    parser.add_argument("--norm", choices=densenet.NORMS, default=None,
+                        help="normalization (default: bn)")
+    parser.add_argument("--postact", action="store_true",
+                        help="post-activation layers (default: pre-activation)")
+    parser.add_argument("--num-classes", type=int, default=None)
+    parser.add_argument("--batch", type=int, default=64, help="batch size (default: 64)")
+    parser.add_argument("--size", type=int, default=None,
+                        help="input height and width (default: 32 CIFAR, 224 ImageNet)")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:<index>")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps (default: 1)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps (default: 5)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for torch and numba (default: leave as configured)")
+    parser.add_argument("--no-peak", action="store_true",
+                        help="skip the peak-memory measurement")
+    parser.add_argument("--json", type=Path, default=None, help="write the report here")
+    parser.add_argument("--peak-child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    try:
+        args.spec = ModelSpec(args.model, args.depth, args.growth_rate, args.impl, args.norm,
+                              False if args.postact else None, args.num_classes)
+        _reference_model(args.spec)  # the model's own argument checks, on the meta device
+    except ValueError as error:
+        parser.error(str(error))
+    for name, value, minimum in (("--batch", args.batch, 1), ("--size", args.size, 1),
+                                 ("--warmup", args.warmup, 0), ("--repeats", args.repeats, 1),
+                                 ("--threads", args.threads, 1)):
+        if value is not None and value < minimum:
+            parser.error(f"{name} {value}: must be >= {minimum}")
+    if args.threads is not None and args.threads > numba.config.NUMBA_NUM_THREADS:
+        parser.error(f"--threads {args.threads}: numba can use at most "
+                     f"{numba.config.NUMBA_NUM_THREADS} threads here (NUMBA_NUM_THREADS)")
+    if args.size is None:
+        args.size = args.spec.default_size
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: CUDA is not available; use --device cpu")
+    if args.json is not None and args.json.is_dir():
+        parser.error(f"--json {args.json}: is a directory, expected a file path")
+    args.input_shape = (args.batch, 3, args.size, args.size)
+    return args
+
+
+def format_summary(report):
+    """A few human-readable lines."""
+    t = report["time"]
+    peak = report["peak_bytes"]
+    model = " ".join(f"{k}={v}" for k, v in report["model"].items() if v is not None)
+
+    def mib(key):
+        return f"{report[key] / 2 ** 20:.2f}"
+
+    return "\n".join([
+        f"{model}, input {'x'.join(map(str, report['input_shape']))} "
+        f"{report['dtype']} on {report['device']}: {report['param_count']:,} parameters",
+        f"saved {mib('saved_bytes')} MiB (tensors {mib('saved_tensor_bytes')} + shared "
+        f"storages {mib('shared_storage_bytes')}), lower bound {mib('lower_bound_bytes')} MiB, "
+        f"ratio {report['saved_over_lower_bound']:.3f}",
+        "peak: not measured" if peak is None else
+        f"peak {mib('peak_bytes')} MiB above baseline ({report['peak_method']})",
+        f"time per step: median {t['median_s'] * 1e3:.1f} ms (min {t['min_s'] * 1e3:.1f}, "
+        f"max {t['max_s'] * 1e3:.1f}, {t['repeats']} repeats)",
+    ])
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    dtype = DTYPES[args.dtype]
+    if args.peak_child:
+        _set_threads(args.threads)
+        print(json.dumps(peak_child(args.spec, args.input_shape, dtype)))
+        return None
+    report = measure(args.spec, args.input_shape, args.device, dtype, args.warmup, args.repeats,
+                     peak=not args.no_peak, threads=args.threads)
+    print(format_summary(report))
+    if args.json is not None:
+        print(f"wrote {write_json_atomic(args.json, report)}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

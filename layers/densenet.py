@@ -1,0 +1,399 @@
+"""DenseNet-BC models (Huang et al. 2017) in three implementations of equal function.
+
+The structure and parameter names follow torchvision's ``models/densenet.py`` (a torchvision
+state dict loads into the ImageNet models built here with ``norm="bn"``, ``preact=True``).
+``impl`` chooses how a dense layer keeps what its backward pass needs (Pleiss et al. 2017):
+
+* ``"naive"``: ``torch.cat`` + BN + activation + convolution as separate autograd ops, so the
+  concatenation and the normalized copy of every layer are stored: memory quadratic in depth,
+  as the original implementation.
+* ``"shared"``: the paper's method (:mod:`layers.shared_storage`). Concatenations and BN
+  outputs go into two storages shared by all layers of the network and are recomputed in
+  backward; only convolution outputs persist, so feature-map memory is linear in depth. The
+  transitions' ``concat -> BN -> act -> conv`` and, with ``norm="bn"``, every layer's second
+  ``BN -> ReLU -> conv`` take the same route.
+* ``"checkpoint"``: ``torch.utils.checkpoint`` (non-reentrant) around each layer's
+  ``concat -> BN -> act -> conv1x1``, as torchvision's ``memory_efficient=True`` and the
+  authors' later PyTorch code do; the recomputation re-uses the batch statistics without
+  updating the running statistics a second time.
+
+``norm="bn"`` uses ``nn.BatchNorm2d`` + ReLU. ``norm="iabn"`` uses leaky ReLU (slope 0.01)
+layers from :mod:`layers.abn`: ``InPlaceABN`` where its input is a convolution output (the
+bottleneck, the stem, post-activation layers), out-of-place ``ABN`` on concatenations.
+``preact=False`` gives post-activation layers (``conv -> BN -> act``, Fig. 2 left of the
+memory-efficient DenseNet paper).
+
+All implementations have the same modules and state dict; the shared storages are plain
+attributes of the network, not part of its state.
+"""
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils.checkpoint import checkpoint
+
+from . import functional
+from .abn import ABN, InPlaceABN
+from .shared_storage import SharedStorages, concat_norm_act_conv
+
+IMPLS = ("naive", "shared", "checkpoint")
+NORMS = ("bn", "iabn")
+#: Activation of ``norm="iabn"`` networks (InPlace-ABN needs an invertible one).
+IABN_ACTIVATION = "leaky_relu"
+
+
+# --------------------------------------------------------------------------- building blocks
+def _make_norm(norm, channels, input_is_conv_output):
+    """A BN + activation module: in place (InPlace-ABN) only over a convolution's output."""
+    if norm == "bn":
+        return nn.BatchNorm2d(channels)
+    layer = InPlaceABN if input_is_conv_output else ABN
+    return layer(channels, activation=IABN_ACTIVATION)
+
+
+def _norm_act(norm, x):
+    """``act(norm(x))``; ``norm`` ``None`` is the identity. ``nn.BatchNorm2d`` gets a ReLU."""
+    if norm is None:
+        return x
+    y = norm(x)
+    return y if isinstance(norm, ABN) else F.relu(y, inplace=True)
+
+
+def _norm_act_again(norm, x):
+    """:func:`_norm_act` recomputed in a checkpoint's backward: running statistics untouched.
+
+    In training the batch statistics are used again with momentum 0, which leaves the running
+    statistics exactly as they are (and ``num_batches_tracked`` is not counted again); the
+    same tensors are saved as in the first call, as non-reentrant checkpointing requires.
+    """
+    if norm is None or not norm.training:
+        return _norm_act(norm, x)
+    if isinstance(norm, ABN):
+        return functional.abn(x, norm.weight, norm.bias, norm.running_mean, norm.running_var,
+                              True, 0.0, norm.eps, norm.activation, norm.activation_param,
+                              norm.scale_mode)
+    y = F.batch_norm(x, norm.running_mean, norm.running_var, norm.weight, norm.bias, True, 0.0,
+                     norm.eps)
+    return F.relu(y, inplace=True)
+
+
+def _checkpointed(features, norm, conv):
+    """``conv(act(norm(cat(features))))`` under ``torch.utils.checkpoint`` (non-reentrant)."""
+    calls = []
+
+    def bottleneck(*inputs):
+        x = torch.cat(inputs, 1)
+        y = _norm_act_again(norm, x) if calls else _norm_act(norm, x)
+        calls.append(None)
+        return conv(y)
+
+    return checkpoint(bottleneck, *features, use_reentrant=False)
+
+
+class _Route:
+    """How one network computes its ``concat -> norm -> act -> conv`` steps (its ``impl``)."""
+
+    def __init__(self, impl):
+        self.impl = impl
+        self.storages = SharedStorages() if impl == "shared" else None
+
+    def concat_norm_act_conv(self, features, norm, conv, checkpointed=False):
+        """``conv(act(norm(cat(features))))``; ``checkpointed`` marks a dense layer's bottleneck."""
+        if self.impl == "shared":
+            return concat_norm_act_conv(features, self.storages, norm, conv)
+        if (checkpointed and self.impl == "checkpoint"
+                and any(f.requires_grad for f in features)):
+            return _checkpointed(features, norm, conv)
+        x = features[0] if len(features) == 1 else torch.cat(features, 1)
+        return conv(_norm_act(norm, x))
+
+    def norm_act_conv(self, x, norm, conv):
+        """``conv(act(norm(x)))`` of a convolution output ``x``; InPlace-ABN runs in place."""
+        if isinstance(norm, InPlaceABN):
+            return conv(norm(x))
+        return self.concat_norm_act_conv([x], norm, conv)
+
+    def reserve(self, numel, like):
+        """Size the shared storages once for a whole block (no-op for other impls)."""
+        if self.storages is not None:
+            self.storages.reserve(numel, like)
+
+
+# --------------------------------------------------------------------------- modules
+class _DenseLayer(nn.Module):
+    """One bottleneck layer: ``BN-act-conv1x1-BN-act-conv3x3`` (pre-activation) or
+    ``conv1x1-BN-act-conv3x3-BN-act`` (post-activation) of the concatenated features."""
+
+    def __init__(self, num_input_features, growth_rate, bn_size, drop_rate, norm, preact,
+                 route):
+        super().__init__()
+        width = bn_size * growth_rate
+        conv1 = nn.Conv2d(num_input_features, width, kernel_size=1, stride=1, bias=False)
+        conv2 = nn.Conv2d(width, growth_rate, kernel_size=3, stride=1, padding=1, bias=False)
+        if preact:
+            self.norm1 = _make_norm(norm, num_input_features, input_is_conv_output=False)
+            self.conv1 = conv1
+            self.norm2 = _make_norm(norm, width, input_is_conv_output=True)
+            self.conv2 = conv2
+        else:
+            self.conv1 = conv1
+            self.norm1 = _make_norm(norm, width, input_is_conv_output=True)
+            self.conv2 = conv2
+            self.norm2 = _make_norm(norm, growth_rate, input_is_conv_output=True)
+        self.drop_rate = float(drop_rate)
+        self.preact = preact
+        self.route = route
+
+    def forward(self, features):
+        route = self.route
+        if self.preact:
+            bottleneck = route.concat_norm_act_conv(features, self.norm1, self.conv1,
+                                                    checkpointed=True)
+            new_features = route.norm_act_conv(bottleneck, self.norm2, self.conv2)
+        else:
+            bottleneck = route.concat_norm_act_conv(features, None, self.conv1,
+                                                    checkpointed=True)
+            new_features = _norm_act(self.norm2,
+                                     route.norm_act_conv(bottleneck, self.norm1, self.conv2))
+        if self.drop_rate > 0:
+            new_features = F.dropout(new_features, p=self.drop_rate, training=self.training)
+        return new_features
+
+
+class _DenseBlock(nn.ModuleDict):
+    """``num_layers`` dense layers; takes a tensor, returns the list of all its features."""
+
+    def __init__(self, num_layers, num_input_features, bn_size, growth_rate, drop_rate, norm,
+                 preact, route):
+        super().__init__()
+        for i in range(num_layers):
+            self.add_module(f"denselayer{i + 1}", _DenseLayer(
+                num_input_features + i * growth_rate, growth_rate, bn_size, drop_rate, norm,
+                preact, route))
+        self.num_output_features = num_input_features + num_layers * growth_rate
+        self.widest = max(self.num_output_features, bn_size * growth_rate)
+        self.route = route
+
+    def forward(self, init_features):
+        # Room for the widest concatenation (the block output, read by the transition) or
+        # bottleneck, so that the storages are allocated once and not grown layer by layer.
+        n, _, h, w = init_features.shape
+        self.route.reserve(n * self.widest * h * w, init_features)
+        features = [init_features]
+        for layer in self.values():
+            features.append(layer(features))
+        return features
+
+
+class _Transition(nn.Module):
+    """``BN-act-conv1x1-avgpool`` (pre-activation) or ``conv1x1-BN-act-avgpool`` of a block's
+    features, reducing the channels to ``num_output_features``."""
+
+    def __init__(self, num_input_features, num_output_features, norm, preact, route):
+        super().__init__()
+        conv = nn.Conv2d(num_input_features, num_output_features, kernel_size=1, stride=1,
+                         bias=False)
+        if preact:
+            self.norm = _make_norm(norm, num_input_features, input_is_conv_output=False)
+            self.conv = conv
+        else:
+            self.conv = conv
+            self.norm = _make_norm(norm, num_output_features, input_is_conv_output=True)
+        self.pool = nn.AvgPool2d(kernel_size=2, stride=2)
+        self.preact = preact
+        self.route = route
+
+    def forward(self, features):
+        if self.preact:
+            out = self.route.concat_norm_act_conv(features, self.norm, self.conv)
+        else:
+            out = _norm_act(self.norm, self.route.concat_norm_act_conv(features, None, self.conv))
+        return self.pool(out)
+
+
+def _stem(num_init_features, small_inputs, norm, preact):
+    """The first layers: a 3x3 convolution for 32x32 inputs (plus BN-act if post-activation),
+    torchvision's ``conv7x7/2 - BN - ReLU - maxpool3x3/2`` otherwise."""
+    if small_inputs:
+        layers = [("conv0", nn.Conv2d(3, num_init_features, kernel_size=3, stride=1, padding=1,
+                                      bias=False))]
+    else:
+        layers = [("conv0", nn.Conv2d(3, num_init_features, kernel_size=7, stride=2, padding=3,
+                                      bias=False))]
+    if not small_inputs or not preact:
+        layers.append(("norm0", _make_norm(norm, num_init_features, input_is_conv_output=True)))
+        if norm == "bn":
+            layers.append(("relu0", nn.ReLU(inplace=True)))
+    if not small_inputs:
+        layers.append(("pool0", nn.MaxPool2d(kernel_size=3, stride=2, padding=1)))
+    return layers
+
+
+# --------------------------------------------------------------------------- validation
+def _check_int(name, value, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
+
+
+def _check_arguments(growth_rate, block_config, num_init_features, bn_size, compression,
+                     num_classes, small_inputs, impl, norm, preact, drop_rate):
+    _check_int("growth_rate", growth_rate)
+    if (not isinstance(block_config, Sequence) or not block_config
+            or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
+                   for n in block_config)):
+        raise ValueError(f"block_config={block_config!r} must be a non-empty sequence of "
+                         "integers >= 1 (layers per dense block)")
+    _check_int("num_init_features", num_init_features)
+    _check_int("bn_size", bn_size)
+    _check_int("num_classes", num_classes)
+    if not 0 < compression <= 1:
+        raise ValueError(f"compression={compression!r} must lie in (0, 1]")
+    if not 0 <= drop_rate < 1:
+        raise ValueError(f"drop_rate={drop_rate!r} must lie in [0, 1)")
+    functional.check_choice("impl", impl, IMPLS)
+    functional.check_choice("norm", norm, NORMS)
+    for name, value in (("small_inputs", small_inputs), ("preact", preact)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name}={value!r} must be True or False")
+
+
+# --------------------------------------------------------------------------- the network
+class DenseNet(nn.Module):
+    r"""DenseNet-BC (bottleneck layers, compressed transitions).
+
+    Args:
+        growth_rate: feature maps each layer adds (``k``).
+        block_config: number of layers of each dense block.
+        num_init_features: output channels of the first convolution.
+        bn_size: the bottleneck has ``bn_size * growth_rate`` channels.
+        compression: a transition keeps ``floor(compression * C)`` of its ``C`` channels.
+        num_classes: outputs of the classifier.
+        small_inputs: 32x32 stem (3x3 convolution, no pooling) instead of the ImageNet one.
+        impl: ``"naive"``, ``"shared"`` (memory-efficient, the default) or ``"checkpoint"``.
+        norm: ``"bn"`` (BatchNorm + ReLU) or ``"iabn"`` (InPlace-ABN, leaky ReLU 0.01).
+        preact: pre-activation (``BN-act-conv``, the default) or post-activation layers.
+        drop_rate: dropout after each dense layer.
+    """
+
+    def __init__(self, growth_rate, block_config, num_init_features, bn_size=4, compression=0.5,
+                 num_classes=1000, small_inputs=False, impl="shared", norm="bn", preact=True,
+                 drop_rate=0):
+        _check_arguments(growth_rate, block_config, num_init_features, bn_size, compression,
+                         num_classes, small_inputs, impl, norm, preact, drop_rate)
+        super().__init__()
+        self.impl, self.norm, self.preact = impl, norm, preact
+        self._route = _Route(impl)
+
+        self.features = nn.Sequential(OrderedDict(
+            _stem(num_init_features, small_inputs, norm, preact)))
+        num_features = num_init_features
+        for i, num_layers in enumerate(block_config):
+            block = _DenseBlock(num_layers, num_features, bn_size, growth_rate, drop_rate, norm,
+                                preact, self._route)
+            self.features.add_module(f"denseblock{i + 1}", block)
+            num_features = block.num_output_features
+            if i != len(block_config) - 1:
+                num_output_features = max(1, math.floor(num_features * compression))
+                self.features.add_module(f"transition{i + 1}", _Transition(
+                    num_features, num_output_features, norm, preact, self._route))
+                num_features = num_output_features
+        if preact:  # the last block's features are not normalized yet
+            self.features.add_module(
+                "norm5", _make_norm(norm, num_features, input_is_conv_output=False))
+        self.classifier = nn.Linear(num_features, num_classes)
+        self._initialize()
+
+    def _initialize(self):
+        """torchvision's initialization: He-normal convolutions, BN (1, 0), zero linear bias."""
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight)
+            elif isinstance(m, _BatchNorm):
+                nn.init.constant_(m.weight, 1)
+                nn.init.constant_(m.bias, 0)
+            elif isinstance(m, nn.Linear):
+                nn.init.constant_(m.bias, 0)
+
+    def shared_storage_bytes(self):
+        """Bytes held by the shared storages (0 unless ``impl="shared"``)."""
+        storages = self._route.storages
+        return 0 if storages is None else storages.nbytes
+
+    def forward(self, x):
+        out = x
+        for name, module in self.features.named_children():
+            # Dense blocks return lists of features; the final norm reads their concatenation.
+            out = _norm_act(module, torch.cat(out, 1)) if name == "norm5" else module(out)
+        if isinstance(out, list):  # post-activation: the features are activated already
+            out = torch.cat(out, 1)
+        out = torch.flatten(F.adaptive_avg_pool2d(out, (1, 1)), 1)
+        return self.classifier(out)
+
+
+# --------------------------------------------------------------------------- entry points
+def densenet_bc(depth, growth_rate, num_classes=10, **kwargs):
+    """DenseNet-BC-``depth`` for 32x32 inputs (CIFAR): three blocks of ``(depth - 4) / 6``
+    bottleneck layers, ``2 * growth_rate`` initial features, compression 0.5.
+
+    ``depth`` counts the convolutions and the classifier (two per dense layer, the first one,
+    two transitions, the classifier), so it must be ``6n + 4`` (40, 100, 190, 250, ...).
+    Other keyword arguments go to :class:`DenseNet`.
+    """
+    _check_int("depth", depth, minimum=10)
+    if (depth - 4) % 6:
+        raise ValueError(f"depth={depth!r} must be of the form 6n + 4 with n >= 1 "
+                         "(e.g. 40, 100, 190, 250)")
+    n = (depth - 4) // 6
+    return DenseNet(growth_rate, (n, n, n), 2 * growth_rate, num_classes=num_classes,
+                    small_inputs=True, **kwargs)
+
+
+def _imagenet(growth_rate, block_config, **kwargs):
+    return DenseNet(growth_rate, block_config, 2 * growth_rate, **kwargs)
+
+
+def densenet121(**kwargs):
+    """DenseNet-121 (k=32, blocks 6-12-24-16), ImageNet."""
+    return _imagenet(32, (6, 12, 24, 16), **kwargs)
+
+
+def densenet169(**kwargs):
+    """DenseNet-169 (k=32, blocks 6-12-32-32), ImageNet."""
+    return _imagenet(32, (6, 12, 32, 32), **kwargs)
+
+
+def densenet201(**kwargs):
+    """DenseNet-201 (k=32, blocks 6-12-48-32), ImageNet."""
+    return _imagenet(32, (6, 12, 48, 32), **kwargs)
+
+
+def densenet161(**kwargs):
+    """DenseNet-161 (k=48, blocks 6-12-36-24), ImageNet."""
+    return _imagenet(48, (6, 12, 36, 24), **kwargs)
+
+
+def densenet232(**kwargs):
+    """DenseNet-232 (k=48, blocks 6-12-48-48), ImageNet: a deep model of Pleiss et al.
+
+    Their footnote 10 prints blocks 6-32-48-48, but that network has 273 layers and 71.5M
+    parameters; 6-12-48-48 has the stated 232 layers (counted as for DenseNet-264) and the
+    stated 55M parameters (55.6M).
+    """
+    return _imagenet(48, (6, 12, 48, 48), **kwargs)
+
+
+def densenet264(growth_rate=32, **kwargs):
+    """DenseNet-264 (blocks 6-12-64-48; k=32, or k=48 as Pleiss et al.'s largest), ImageNet.
+
+    The blocks of Huang et al.'s DenseNet-264; they give Pleiss et al.'s 33M (k=32: 33.3M) and
+    73M (k=48: 72.7M) parameters, which their footnote's 6-32-64-48 (41.3M, 90.5M) does not.
+    """
+    return _imagenet(growth_rate, (6, 12, 64, 48), **kwargs)
+
+
+__all__ = ["DenseNet", "densenet_bc", "densenet121", "densenet169", "densenet201",
+           "densenet161", "densenet232", "densenet264", "IMPLS", "NORMS"]

@@ -1,0 +1,207 @@
+"""Shared memory storages and the recomputing ``concat -> BN -> activation -> conv`` operation.
+
+This is §4 of Pleiss et al. (2017), "Memory-Efficient Implementation of DenseNets". A dense
+layer reads the concatenation of all earlier feature maps, normalizes it and convolves it.
+Stored per layer, the concatenation and the normalized copy grow quadratically with depth.
+Here both go into two buffers (:class:`SharedStorages`) that every layer of a network
+overwrites in turn: "Shared Memory Storage 1" takes the concatenation and "Shared Memory
+Storage 2" the BN + activation output. :func:`concat_norm_act_conv` computes
+``conv(act(BN(cat(features))))`` as a single autograd function that saves only
+
+* the input feature maps (convolution outputs that persist anyway, so no new memory),
+* the convolution weight and the normalization's parameters,
+* a (6, C) float64 per-channel state (batch statistics, scale, shift).
+
+Its backward concatenates and normalizes again into the same two storages, using the stored
+statistics (the running statistics are updated once, in forward), and only then runs the
+convolution and normalization backwards. The convolution runs inside the function so that
+autograd never keeps a view of a storage that a later layer overwrites.
+
+The storages are scratch space: each call fills them and uses them before it returns, so any
+call order of forward and backward passes is correct. Two threads must not run the same
+network on the same device at once.
+"""
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from .abn import ABN, batch_norm_arguments
+from .functional import (BackwardSpec, check_activation, normalize_activate_backward,
+                         normalize_activate_into, reapply_into)
+from .kernels import common
+
+
+class SharedStorage:
+    """One growing buffer per device, handed out as tensors of any shape (contents not kept).
+
+    A device's buffer is reallocated only when a request needs more elements than it holds, or
+    another dtype. One buffer per device lets ``nn.DataParallel`` replicas, which share this
+    object, run side by side on their own devices.
+    """
+
+    def __init__(self):
+        self._buffers = {}
+
+    @property
+    def nbytes(self):
+        """Bytes currently allocated, over all devices (0 before the first use)."""
+        return sum(buffer.nbytes for buffer in self._buffers.values())
+
+    def reserve(self, numel, like):
+        """Make room for ``numel`` elements of ``like``'s dtype on ``like``'s device."""
+        buffer = self._buffers.get(like.device)
+        if buffer is None or buffer.numel() < numel or buffer.dtype != like.dtype:
+            self._buffers.pop(like.device, None)  # free the old buffer before allocating
+            self._buffers[like.device] = torch.empty(numel, dtype=like.dtype,
+                                                     device=like.device)
+
+    def view(self, shape, like):
+        """A contiguous tensor of ``shape`` at the start of the buffer (uninitialised)."""
+        numel = math.prod(shape)
+        self.reserve(numel, like)
+        return self._buffers[like.device][:numel].view(shape)
+
+
+class SharedStorages:
+    """The pair of storages of one network: ``concat`` (storage 1), ``normalized`` (storage 2).
+
+    Owned by the network as a plain attribute: it is no parameter or buffer, so it is not in
+    the state dict, and it lives on whatever device the inputs come from.
+    """
+
+    def __init__(self):
+        self.concat = SharedStorage()
+        self.normalized = SharedStorage()
+
+    @property
+    def nbytes(self):
+        """Bytes of both storages."""
+        return self.concat.nbytes + self.normalized.nbytes
+
+    def reserve(self, numel, like):
+        """Size both storages for ``numel`` elements at once (e.g. a whole dense block)."""
+        self.concat.reserve(numel, like)
+        self.normalized.reserve(numel, like)
+
+
+@dataclasses.dataclass(frozen=True)
+class _NormSpec:
+    """The non-tensor arguments of the normalization + activation of one call."""
+
+    training: bool
+    momentum: float
+    eps: float
+    act: int
+    slope: float
+    scale_mode: str
+
+
+def norm_activation(norm):
+    """``(kernel code, parameter, scale_mode)`` of a normalization module's activation.
+
+    ``nn.BatchNorm2d`` is followed by a ReLU (DenseNet's own choice) with the standard scale;
+    an :class:`~layers.ABN` carries its activation and scale parametrization.
+    """
+    if isinstance(norm, ABN):
+        act, slope = check_activation(norm.activation, norm.activation_param, inplace=False)
+        return act, slope, norm.scale_mode
+    act, slope = check_activation("relu", None, inplace=False)
+    return act, slope, "bn"
+
+
+def _norm_spec(norm):
+    """The spec and ``(running_mean, running_var)`` of ``norm`` for one forward call.
+
+    Uses the module's own bookkeeping, as its forward would: in training it counts the batch in
+    ``num_batches_tracked`` and picks the momentum (``None`` = cumulative average).
+    """
+    training, running_mean, running_var, momentum = batch_norm_arguments(norm)
+    act, slope, scale_mode = norm_activation(norm)
+    spec = _NormSpec(training, momentum, norm.eps, act, slope, scale_mode)
+    return spec, running_mean, running_var
+
+
+def _concat(features, storages):
+    """The concatenation of ``features`` in storage 1 (a single feature map is used as is)."""
+    if len(features) == 1:
+        return features[0]
+    first = features[0]
+    shape = (first.shape[0], sum(f.shape[1] for f in features), *first.shape[2:])
+    return torch.cat(features, 1, out=storages.concat.view(shape, first))
+
+
+def _conv_grads(grad_out, y, weight, stride, padding, input_grad, weight_grad):
+    """``(dy, dweight)`` of ``conv2d(y, weight)`` (no bias, dilation 1, one group)."""
+    dy, dweight, _ = torch.ops.aten.convolution_backward(
+        grad_out, y, weight, None, stride, padding, (1, 1), False, (0, 0), 1,
+        [input_grad, weight_grad, False])
+    return dy, dweight
+
+
+class _ConcatNormActConv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, storages, spec, stride, padding, conv_weight, norm_weight, norm_bias,
+                running_mean, running_var, *features):
+        x = _concat(features, storages)
+        channel = None
+        y = x
+        if spec is not None:
+            y = storages.normalized.view(x.shape, x)
+            channel = normalize_activate_into(
+                x, y, norm_weight, norm_bias, running_mean, running_var, spec.training,
+                spec.momentum, spec.eps, spec.act, spec.slope, spec.scale_mode)
+            ctx.backward_spec = BackwardSpec.of(common.MODE_XHAT_FROM_X, spec.act, spec.slope,
+                                                spec.training, None, norm_weight, norm_bias)
+        ctx.storages, ctx.stride, ctx.padding = storages, stride, padding
+        ctx.save_for_backward(conv_weight, norm_weight, norm_bias, channel, *features)
+        return F.conv2d(y, conv_weight, None, stride, padding)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        conv_weight, norm_weight, norm_bias, channel, *features = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        feature_grad = any(needs[9:])
+        norm_grad = channel is not None and (needs[5] or needs[6])
+        x = _concat(features, ctx.storages)  # recomputed into storage 1
+        y = x
+        if channel is not None:  # recomputed into storage 2, running statistics untouched
+            spec = ctx.backward_spec
+            y = ctx.storages.normalized.view(x.shape, x)
+            reapply_into(x, y, channel, spec.act, spec.slope)
+        dy, dconv = _conv_grads(grad_out, y, conv_weight, ctx.stride, ctx.padding,
+                                feature_grad or norm_grad, needs[4])
+        dnorm_weight = dnorm_bias = None
+        dx = dy
+        if channel is not None and dy is not None:
+            dx, dnorm_weight, dnorm_bias = normalize_activate_backward(
+                y, dy, x, channel, ctx.backward_spec, input_grad=feature_grad)
+        dfeatures = (dx.split([f.shape[1] for f in features], 1) if feature_grad
+                     else (None,) * len(features))
+        return (None, None, None, None, dconv, dnorm_weight if needs[5] else None,
+                dnorm_bias if needs[6] else None, None, None, *dfeatures)
+
+
+def concat_norm_act_conv(features, storages, norm, conv):
+    """``conv(act(norm(torch.cat(features, 1))))`` through the shared ``storages``.
+
+    ``features`` is a list of ``(N, C_i, H, W)`` tensors; ``norm`` an ``nn.BatchNorm2d``
+    (followed by ReLU), an :class:`~layers.ABN` (its own activation; an ``InPlaceABN`` is
+    computed out of place here) or ``None`` (``conv(cat(features))``); ``conv`` an
+    ``nn.Conv2d`` without bias, groups or dilation. The running statistics are updated once,
+    as the modules' own forward would; the result and every gradient equal the composite's.
+    """
+    if conv.bias is not None or conv.groups != 1 or conv.dilation != (1, 1):
+        raise ValueError("conv must be an nn.Conv2d with bias=False, groups=1, dilation=1")
+    spec, running_mean, running_var = (None, None, None) if norm is None else _norm_spec(norm)
+    norm_weight = None if norm is None else norm.weight
+    norm_bias = None if norm is None else norm.bias
+    return _ConcatNormActConv.apply(storages, spec, conv.stride, conv.padding, conv.weight,
+                                    norm_weight, norm_bias, running_mean, running_var,
+                                    *features)
+
+
+__all__ = ["SharedStorage", "SharedStorages", "concat_norm_act_conv", "norm_activation"]

@@ -1,0 +1,324 @@
+"""DenseNet implementations (``layers.densenet``): one function, three memory strategies.
+
+``shared`` and ``checkpoint`` are compared with ``naive`` in float64 (outputs, input and
+parameter gradients, running statistics, eval mode); ``naive`` itself with torchvision's
+DenseNet and, for ``norm="iabn"``, with a composite BN + leaky-ReLU reference. Memory claims
+are checked by counting what autograd saves (saved-tensor hooks).
+"""
+import itertools
+
+import pytest
+import torch
+import torchvision
+
+import layers.shared_storage
+from abn_reference import composite
+from experiments.measure import saved_tensor_bytes
+from layers.abn import ABN, batch_norm_arguments
+from layers.densenet import (DenseNet, densenet121, densenet161, densenet169, densenet201,
+                             densenet232, densenet264, densenet_bc)
+
+IMPLS = ("naive", "shared", "checkpoint")
+TOL = 1e-10
+
+
+# --------------------------------------------------------------------------- helpers
+def tiny(impl, layout="cifar", **kwargs):
+    """A small network and its input shape: CIFAR layout (3x3 stem) or ImageNet layout."""
+    if layout == "cifar":
+        return densenet_bc(16, 4, impl=impl, **kwargs), (3, 3, 8, 8)
+    return DenseNet(4, (2, 1, 2, 1), 8, num_classes=5, impl=impl, **kwargs), (2, 3, 64, 64)
+
+
+def randomize_norms(model, seed=0):
+    """Weights of both signs, biases and running statistics away from their defaults."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+                c = module.num_features
+                sign = torch.where(torch.rand(c, generator=generator) < 0.2, -1.0, 1.0)
+                module.weight.copy_(sign * (0.5 + torch.rand(c, generator=generator)))
+                module.bias.copy_(torch.randn(c, generator=generator) * 0.1)
+                module.running_mean.copy_(torch.randn(c, generator=generator) * 0.1)
+                module.running_var.copy_(0.5 + torch.rand(c, generator=generator))
+    return model
+
+
+def build_like(reference, impl, layout, **kwargs):
+    """A float64 network with ``reference``'s state, in implementation ``impl``."""
+    model = tiny(impl, layout, **kwargs)[0].double()
+    model.load_state_dict(reference.state_dict())
+    return model
+
+
+def step(model, x, grad):
+    """Output, input and parameter gradients of one forward + backward, and the buffers."""
+    model.zero_grad(set_to_none=True)
+    x = x.clone().requires_grad_()
+    out = model(x)
+    out.backward(grad)
+    result = {"output": out.detach(), "input grad": x.grad}
+    result.update({f"grad {n}": p.grad for n, p in model.named_parameters()})
+    result.update({f"buffer {n}": b.clone() for n, b in model.named_buffers()})
+    return result
+
+
+def assert_same(actual, expected):
+    assert actual.keys() == expected.keys()
+    for key, e in expected.items():
+        scale = max(1.0, e.abs().max().item())
+        error = (actual[key].double() - e.double()).abs().max().item()
+        assert error <= TOL * scale, f"{key}: max error {error:.3g}"
+
+
+def train_eval_nograd(model, x, grad):
+    """Results of a training step, an eval-mode step and an eval forward under no_grad."""
+    train = step(model.train(), x, grad)
+    evaluation = step(model.eval(), x, grad)
+    with torch.no_grad():
+        nograd = {"output": model(x)}
+    return train, evaluation, nograd
+
+
+CONFIGS = list(itertools.product(("bn", "iabn"), (True, False), ("cifar", "imagenet")))
+
+
+# --------------------------------------------------------------------------- equivalence
+@pytest.mark.parametrize("norm, preact, layout", CONFIGS)
+def test_implementations_compute_the_same_function(norm, preact, layout):
+    torch.manual_seed(0)
+    reference, shape = tiny("naive", layout, norm=norm, preact=preact)
+    reference = randomize_norms(reference.double())
+    x = torch.randn(shape, dtype=torch.float64)
+    grad = torch.randn(shape[0], reference.classifier.out_features, dtype=torch.float64)
+    models = {impl: build_like(reference, impl, layout, norm=norm, preact=preact)
+              for impl in IMPLS}
+    expected = train_eval_nograd(models["naive"], x, grad)
+    counts = [v for k, v in expected[0].items() if k.endswith("num_batches_tracked")]
+    assert counts and all(c == 1 for c in counts)  # one training step: counted once
+    for impl in ("shared", "checkpoint"):
+        for actual, wanted in zip(train_eval_nograd(models[impl], x, grad), expected):
+            assert_same(actual, wanted)
+
+
+class CompositeABN(ABN):
+    """``act(F.batch_norm(x, weight=|w| + eps))`` through PyTorch's own ops (abn_reference)."""
+
+    def forward(self, x):
+        training, running_mean, running_var, momentum = batch_norm_arguments(self)
+        return composite(x, self.weight, self.bias, running_mean, running_var, training,
+                         momentum, self.eps, self.activation, self.activation_param,
+                         self.scale_mode)
+
+
+def with_composite_norms(model):
+    """``model`` with every ABN / InPlaceABN replaced by a :class:`CompositeABN` twin."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, ABN):
+            parent_name, _, child = name.rpartition(".")
+            twin = CompositeABN(module.num_features, activation=module.activation,
+                                activation_param=module.activation_param,
+                                scale_mode=module.scale_mode).double()
+            twin.load_state_dict(module.state_dict())
+            setattr(model.get_submodule(parent_name), child, twin)
+    return model
+
+
+@pytest.mark.parametrize("preact", (True, False))
+def test_iabn_networks_match_a_composite_reference(preact):
+    """norm="iabn" against the same network with BN (scale |w| + eps) + leaky ReLU modules."""
+    torch.manual_seed(1)
+    model, shape = tiny("naive", norm="iabn", preact=preact)
+    model = randomize_norms(model.double())
+    reference = with_composite_norms(build_like(model, "naive", "cifar", norm="iabn",
+                                                preact=preact))
+    assert not any(type(m) is not CompositeABN and isinstance(m, ABN)
+                   for m in reference.modules())
+    x = torch.randn(shape, dtype=torch.float64)
+    grad = torch.randn(shape[0], 10, dtype=torch.float64)
+    expected = train_eval_nograd(reference, x, grad)
+    for impl in IMPLS:
+        actual = train_eval_nograd(build_like(model, impl, "cifar", norm="iabn", preact=preact),
+                                   x, grad)
+        for a, e in zip(actual, expected):
+            assert_same(a, e)
+
+
+def frozen_step(model, x, grad):
+    """A training step with the stem and every normalization frozen: gradients of the rest."""
+    for name, p in model.named_parameters():
+        p.requires_grad_(not (name.startswith("features.conv0") or ".norm" in name))
+    model(x).backward(grad)
+    return {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_partly_frozen_networks_agree():
+    """Inputs and parameters that need no gradient (fine-tuning) take other backward paths."""
+    torch.manual_seed(4)
+    reference, shape = tiny("naive")
+    reference = randomize_norms(reference.double())
+    x = torch.randn(shape, dtype=torch.float64)
+    grad = torch.randn(shape[0], 10, dtype=torch.float64)
+    expected = frozen_step(reference, x, grad)
+    assert "features.denseblock1.denselayer1.conv1.weight" in expected
+    for impl in ("shared", "checkpoint"):
+        assert_same(frozen_step(build_like(reference, impl, "cifar"), x, grad), expected)
+
+
+def test_dropout_draws_the_same_masks():
+    reference, shape = tiny("naive", drop_rate=0.3)
+    reference = reference.double()
+    x = torch.randn(shape, dtype=torch.float64)
+    grad = torch.randn(shape[0], 10, dtype=torch.float64)
+    results = []
+    for impl in IMPLS:
+        torch.manual_seed(5)
+        results.append(step(build_like(reference, impl, "cifar", drop_rate=0.3), x, grad))
+    for result in results[1:]:
+        assert_same(result, results[0])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_naive_layout_matches_torchvision(impl):
+    """The ImageNet layout with norm="bn" is torchvision's DenseNet, state dict included."""
+    torch.manual_seed(2)
+    ours, shape = tiny(impl, "imagenet")
+    theirs = torchvision.models.DenseNet(4, (2, 1, 2, 1), 8, num_classes=5).double()
+    randomize_norms(theirs)
+    ours = ours.double()
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(shape, dtype=torch.float64)
+    grad = torch.randn(shape[0], 5, dtype=torch.float64)
+    assert_same(step(ours, x, grad), step(theirs, x, grad))
+
+
+# --------------------------------------------------------------------------- state and modes
+@pytest.mark.parametrize("norm, preact", itertools.product(("bn", "iabn"), (True, False)))
+def test_state_dicts_are_interchangeable(norm, preact):
+    state = {impl: tiny(impl, norm=norm, preact=preact)[0].state_dict() for impl in IMPLS}
+    for impl in IMPLS:
+        assert list(state[impl]) == list(state["naive"])
+        model = tiny(impl, norm=norm, preact=preact)[0]
+        model.load_state_dict(state["naive"], strict=True)
+
+
+def count_recomputations(monkeypatch):
+    """A list that grows by one each time the shared implementation recomputes a BN output."""
+    calls = []
+    original = layers.shared_storage.reapply_into
+
+    def counting(*args):
+        calls.append(None)
+        return original(*args)
+
+    monkeypatch.setattr(layers.shared_storage, "reapply_into", counting)
+    return calls
+
+
+def test_shared_storages_are_reused_grown_and_not_state(monkeypatch):
+    torch.manual_seed(3)
+    model, shape = tiny("shared")
+    assert model.shared_storage_bytes() == 0
+    x = torch.randn(shape)
+    model(x).sum().backward()
+    storages = model._route.storages
+
+    def pointers():
+        return tuple(s.view((1,), x).data_ptr() for s in (storages.concat, storages.normalized))
+
+    allocated = pointers()
+    # Sized once, for the widest concatenation: the first block's output (8 + 2 * 4 channels).
+    assert model.shared_storage_bytes() == 2 * shape[0] * 16 * 8 * 8 * 4
+    model(x).sum().backward()
+    assert pointers() == allocated  # reused across iterations
+    model(torch.randn(2 * shape[0], *shape[1:])).sum().backward()
+    assert model.shared_storage_bytes() == 2 * 2 * shape[0] * 16 * 8 * 8 * 4  # grown
+    assert not any("storage" in key for key in model.state_dict())
+
+    recomputed = count_recomputations(monkeypatch)
+    model(x).sum().backward()
+    # Every normalization of a concatenation or bottleneck: 2 per dense layer, 2 transitions.
+    assert len(recomputed) == 2 * 6 + 2
+
+
+@pytest.mark.parametrize("mode", ("no_grad", "eval_no_grad"))
+def test_inference_saves_and_recomputes_nothing(monkeypatch, mode):
+    model, shape = tiny("shared")
+    if mode == "eval_no_grad":
+        model.eval()
+    recomputed = count_recomputations(monkeypatch)
+    x = torch.randn(shape)
+    with torch.no_grad():
+        assert saved_tensor_bytes(model, x) == (0, 0)
+    assert recomputed == []
+
+
+# --------------------------------------------------------------------------- memory
+def saved_bytes(impl, depth, growth_rate=6, shape=(4, 3, 16, 16)):
+    """Bytes saved for backward by one forward, plus the shared storages."""
+    torch.manual_seed(0)
+    model = densenet_bc(depth, growth_rate, impl=impl)
+    x = torch.randn(shape)
+    model(x).sum().backward()  # sizes the shared storages
+    return saved_tensor_bytes(model, x)[0] + model.shared_storage_bytes()
+
+
+def second_over_first_differences(impl):
+    values = [saved_bytes(impl, depth) for depth in (40, 64, 88, 112)]
+    first = [b - a for a, b in zip(values, values[1:])]
+    second = [b - a for a, b in zip(first, first[1:])]
+    return [s / first[0] for s in second]
+
+
+def test_shared_memory_is_linear_in_depth_naive_quadratic():
+    # Only the per-channel statistics (6 float64 per channel, like the parameters) grow
+    # quadratically in shared; the feature maps dominate them at this size.
+    assert all(abs(r) < 0.05 for r in second_over_first_differences("shared"))
+    assert all(r > 0.25 for r in second_over_first_differences("naive"))
+
+
+def test_shared_saves_under_half_of_naive_at_depth_100():
+    assert saved_bytes("shared", 100) < 0.5 * saved_bytes("naive", 100)
+
+
+# --------------------------------------------------------------------------- architectures
+@pytest.mark.parametrize("ours, theirs", [
+    (densenet121, torchvision.models.densenet121), (densenet169, torchvision.models.densenet169),
+    (densenet201, torchvision.models.densenet201), (densenet161, torchvision.models.densenet161),
+])
+def test_imagenet_models_match_torchvision(ours, theirs):
+    with torch.device("meta"):
+        ours, theirs = ours(impl="naive"), theirs()
+    shapes = {k: v.shape for k, v in ours.state_dict().items()}
+    assert shapes == {k: v.shape for k, v in theirs.state_dict().items()}
+
+
+@pytest.mark.parametrize("build, millions", [
+    (lambda: densenet_bc(100, 12), 0.8), (lambda: densenet_bc(250, 24), 15.3),
+    (lambda: densenet_bc(190, 40), 25.6),  # Huang et al., Table 2
+    (densenet232, 55), (densenet264, 33), (lambda: densenet264(growth_rate=48), 73),  # Pleiss
+])
+def test_parameter_counts_match_the_papers(build, millions):
+    with torch.device("meta"):
+        count = sum(p.numel() for p in build().parameters())
+    # The papers print one decimal (Huang et al.) or whole millions (Pleiss et al.).
+    assert count / 1e6 == pytest.approx(millions, abs=0.05 if millions < 30 else 0.6)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: densenet_bc(41, 12), "depth=41"),
+    (lambda: densenet_bc(4, 12), "depth=4"),
+    (lambda: densenet_bc(40, 0), "growth_rate=0"),
+    (lambda: densenet_bc(40, 12, impl="fast"), "impl='fast'.*naive, shared, checkpoint"),
+    (lambda: densenet_bc(40, 12, norm="gn"), "norm='gn'.*bn, iabn"),
+    (lambda: densenet_bc(40, 12, compression=0), "compression=0"),
+    (lambda: densenet_bc(40, 12, preact="yes"), "preact='yes'"),
+    (lambda: densenet_bc(40, 12, drop_rate=1), "drop_rate=1"),
+    (lambda: DenseNet(12, (), 24), "block_config"),
+    (lambda: DenseNet(12, (6, 0), 24), "block_config"),
+    (lambda: DenseNet(12, (6,), 24, bn_size=0), "bn_size=0"),
+])
+def test_bad_arguments_are_named(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
