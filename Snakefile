@@ -135,6 +135,127 @@ rule iabn_table1_timing_point:
         " --repeats {params.cfg[repeats]} --out {output} > {log} 2>&1"
 
 
+def checked_depths(experiment):
+    """``config[experiment]["depths"]``, each of DenseNet-BC's form 6n + 4 (the schema checks
+    that they are integers >= 10; JSON Schema cannot say "4 more than a multiple of 6")."""
+    depths = config[experiment]["depths"]
+    bad = [d for d in depths if (d - 4) % 6]
+    if bad:
+        raise ValueError(f"{experiment}.depths: {bad} are not of DenseNet-BC's form 6n + 4 "
+                         "(40, 64, 88, 100, 160, ...)")
+    return depths
+
+
+FIG4 = config["densenet_fig4_memory"]
+EXPERIMENTS["densenet_fig4_memory"] = {
+    "points": [f"{impl}_d{depth}" for impl in FIG4["impls"]
+               for depth in checked_depths("densenet_fig4_memory")],
+    "notebooks": ["densenet_fig4_memory"],
+}
+
+
+rule densenet_fig4_memory_point:
+    """DenseNet Fig. 4: memory of one DenseNet-BC training step, one implementation and depth."""
+    output:
+        paths.point_json("densenet_fig4_memory", RUN, "{impl}_d{depth}"),
+    log:
+        paths.job_log("densenet_fig4_memory", RUN, "{impl}_d{depth}"),
+    benchmark:
+        paths.job_benchmark("densenet_fig4_memory", RUN, "{impl}_d{depth}")
+    wildcard_constraints:
+        impl="|".join(FIG4["impls"]),
+        depth=r"\d+",
+    threads: FIG4["threads"]
+    resources:
+        gpu=GPU,
+    params:
+        cfg=FIG4,
+        budget="" if FIG4["memory_budget_gib"] is None
+        else f"--budget-gib {FIG4['memory_budget_gib']}",
+        peak="" if FIG4["peak"] else "--no-peak",
+    shell:
+        "python -m experiments.densenet_fig4_memory --impl {wildcards.impl}"
+        " --depth {wildcards.depth} --growth-rate {params.cfg[growth_rate]}"
+        " --batch {params.cfg[batch]} --size {params.cfg[size]} {params.budget} {params.peak}"
+        " --device {DEVICE} --dtype {params.cfg[dtype]} --threads {threads}"
+        " --warmup {params.cfg[warmup]} --repeats {params.cfg[repeats]} --out {output}"
+        " > {log} 2>&1"
+
+
+FIG5 = config["densenet_fig5_time"]
+EXPERIMENTS["densenet_fig5_time"] = {
+    "points": [f"d{depth}" for depth in checked_depths("densenet_fig5_time")],
+    "notebooks": ["densenet_fig5_time"],
+}
+
+
+rule densenet_fig5_time_point:
+    """DenseNet Fig. 5: time per minibatch of one DenseNet-BC, every implementation interleaved
+    in the one job (so their ratio is not skewed by load that differs between jobs)."""
+    output:
+        paths.point_json("densenet_fig5_time", RUN, "d{depth}"),
+    log:
+        paths.job_log("densenet_fig5_time", RUN, "d{depth}"),
+    benchmark:
+        paths.job_benchmark("densenet_fig5_time", RUN, "d{depth}")
+    wildcard_constraints:
+        depth=r"\d+",
+    threads: FIG5["threads"]
+    resources:
+        gpu=GPU,
+    params:
+        cfg=FIG5,
+        impls=" ".join(FIG5["impls"]),
+    shell:
+        "python -m experiments.densenet_fig5_time --depth {wildcards.depth}"
+        " --growth-rate {params.cfg[growth_rate]} --batch {params.cfg[batch]}"
+        " --size {params.cfg[size]} --impls {params.impls} --device {DEVICE}"
+        " --dtype {params.cfg[dtype]} --threads {threads} --warmup {params.cfg[warmup]}"
+        " --repeats {params.cfg[repeats]} --out {output} > {log} 2>&1"
+
+
+TABLE2 = config["iabn_table2_capacity"]
+EXPERIMENTS["iabn_table2_capacity"] = {
+    "points": [f"{body}_{norm}_{mode}" for body in TABLE2["bodies"] for norm in ("bn", "iabn")
+               for mode in TABLE2["modes"]],
+    "notebooks": ["iabn_table2_capacity"],
+}
+
+
+rule iabn_table2_capacity_point:
+    """InPlace-ABN Table 2 brackets: the largest batch (FIXED CROP) or crop (FIXED BATCH) of
+    one segmentation network and normalization within the memory budget."""
+    output:
+        paths.point_json("iabn_table2_capacity", RUN, "{body}_{norm}_{mode}"),
+    log:
+        paths.job_log("iabn_table2_capacity", RUN, "{body}_{norm}_{mode}"),
+    benchmark:
+        paths.job_benchmark("iabn_table2_capacity", RUN, "{body}_{norm}_{mode}")
+    wildcard_constraints:
+        body="|".join(TABLE2["bodies"]),
+        norm="bn|iabn",
+        mode="fixed_crop|fixed_batch",
+    threads: TABLE2["threads"]
+    resources:
+        gpu=GPU,
+    params:
+        cfg=TABLE2,
+        batch=lambda wildcards: TABLE2["bodies"][wildcards.body]["batch"],
+        method="" if TABLE2["method"] is None else f"--method {TABLE2['method']}",
+        fit_batches=" ".join(str(n) for n in TABLE2["fit_batches"]),
+        fit_crops=" ".join(str(c) for c in TABLE2["fit_crops"]),
+    shell:
+        "python -m experiments.iabn_table2_capacity --body {wildcards.body}"
+        " --norm {wildcards.norm} --mode {wildcards.mode} --crop {params.cfg[crop]}"
+        " --batch {params.batch} --budget-mib {params.cfg[budget_mib]}"
+        " --width {params.cfg[width]} --classes {params.cfg[classes]}"
+        " --layout {params.cfg[layout]} {params.method} --crop-step {params.cfg[crop_step]}"
+        " --fit-batches {params.fit_batches} --fit-crops {params.fit_crops}"
+        " --device {DEVICE} --dtype {params.cfg[dtype]} --threads {threads}"
+        " --warmup {params.cfg[warmup]} --repeats {params.cfg[repeats]} --out {output}"
+        " > {log} 2>&1"
+
+
 # --------------------------------------------------------------------------- generic rules
 rule all:
     """Every experiment, its figures and tables, the kernel benchmark and the claims report."""

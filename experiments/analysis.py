@@ -1,6 +1,8 @@
 """Derived numbers of the aggregated CSVs, shared by the notebooks and the claims report (pure
-pandas, no torch): overheads relative to a baseline, memory saved relative to a baseline.
+pandas, no torch): overheads relative to a baseline, memory saved relative to a baseline, and
+how memory grows with depth.
 """
+import numpy as np
 import pandas as pd
 
 MS = 1e3
@@ -53,4 +55,87 @@ def strategy_overhead(frame, baseline="standard"):
     return table.reset_index(drop=True)
 
 
-__all__ = ["contiguity_overhead", "strategy_overhead"]
+# --------------------------------------------------------------------------- DenseNet Figs. 4, 5
+#: ``status`` of a ``densenet_fig4_memory`` point whose step ran (vs ``out_of_memory``).
+FITS = "ok"
+
+
+def _baseline_rows(frame, baseline, key):
+    """``frame``'s rows of the ``impl`` ``baseline``, indexed by ``key``; a clear error if none."""
+    impls = sorted(set(frame["impl"]))
+    if baseline not in impls:
+        raise ValueError(f"baseline={baseline!r} is not among the implementations {impls}")
+    return frame[frame["impl"] == baseline].set_index(key)
+
+
+def memory_vs_depth(frame, baseline="naive"):
+    """Per ``(impl, depth)`` of ``densenet_fig4_memory``, in the frame's order: ``status``,
+    ``param_count``, ``saved_mib``, ``peak_mib``, ``lower_bound_mib``,
+    ``saved_over_lower_bound``, ``saved_vs_baseline_pct`` (saved bytes as a percentage of
+    ``baseline``'s at the same depth; NaN where either did not fit or ``baseline`` was not
+    measured at that depth) and ``median_ms``. Points that ran out of memory keep their row,
+    with NaN measurements."""
+    _missing(frame, ("impl", "depth", "status", "param_count", "saved_bytes", "peak_bytes",
+                     "lower_bound_bytes", "median_s"))
+    base = frame[(frame["impl"] == baseline) & (frame["status"] == FITS)].set_index("depth")
+    base_saved = base["saved_bytes"].reindex(frame["depth"]).to_numpy()
+    return pd.DataFrame({
+        "impl": frame["impl"],
+        "depth": frame["depth"],
+        "status": frame["status"],
+        "param_count": frame["param_count"],
+        "saved_mib": frame["saved_bytes"] / MIB,
+        "peak_mib": frame["peak_bytes"] / MIB,
+        "lower_bound_mib": frame["lower_bound_bytes"] / MIB,
+        "saved_over_lower_bound": frame["saved_bytes"] / frame["lower_bound_bytes"],
+        "saved_vs_baseline_pct": 100 * frame["saved_bytes"].to_numpy() / base_saved,
+        "median_ms": frame["median_s"] * MS,
+    }).reset_index(drop=True)
+
+
+def growth_with_depth(frame, column="saved_bytes"):
+    """Per ``impl`` of ``densenet_fig4_memory``: how ``column`` grows with depth.
+
+    A least-squares fit ``column = a + b d + c d^2`` over the depths whose step fitted (for
+    equally spaced depths ``2 c h^2`` is the mean second difference, ``h`` the spacing);
+    ``quadratic_share = c D^2 / column(D)`` at the deepest such depth ``D``: about 1 for memory
+    quadratic in depth, about 0 for memory linear in depth. Columns: ``impl``, ``depths``
+    (how many), ``deepest``, ``quadratic_coef``, ``linear_coef``, ``quadratic_share``; NaN
+    coefficients for an implementation with fewer than three depths.
+    """
+    _missing(frame, ("impl", "depth", "status", column))
+    rows = []
+    for impl, group in frame[frame["status"] == FITS].groupby("impl", sort=False):
+        group = group.sort_values("depth")
+        depth = group["depth"].to_numpy(dtype=float)
+        value = group[column].to_numpy(dtype=float)
+        c = b = share = float("nan")
+        if len(np.unique(depth)) >= 3:
+            c, b, _ = np.polyfit(depth, value, 2)
+            share = c * depth[-1] ** 2 / value[-1]
+        rows.append({"impl": impl, "depths": len(depth), "deepest": int(depth[-1]),
+                     "quadratic_coef": c, "linear_coef": b, "quadratic_share": share})
+    return pd.DataFrame(rows, columns=["impl", "depths", "deepest", "quadratic_coef",
+                                       "linear_coef", "quadratic_share"])
+
+
+def time_vs_baseline(frame, baseline="naive"):
+    """Per ``(depth, impl)`` of ``densenet_fig5_time``, in the frame's order: median/min/max
+    time per minibatch (ms), ``ratio`` (median over ``baseline``'s median at the same depth)
+    and ``overhead_pct = 100 * (ratio - 1)``."""
+    _missing(frame, ("depth", "impl", "median_s", "min_s", "max_s"))
+    base = _baseline_rows(frame, baseline, "depth")
+    ratio = frame["median_s"].to_numpy() / base["median_s"].reindex(frame["depth"]).to_numpy()
+    return pd.DataFrame({
+        "depth": frame["depth"],
+        "impl": frame["impl"],
+        "median_ms": frame["median_s"] * MS,
+        "min_ms": frame["min_s"] * MS,
+        "max_ms": frame["max_s"] * MS,
+        "ratio": ratio,
+        "overhead_pct": 100 * (ratio - 1),
+    }).reset_index(drop=True)
+
+
+__all__ = ["contiguity_overhead", "strategy_overhead", "memory_vs_depth", "growth_with_depth",
+           "time_vs_baseline"]

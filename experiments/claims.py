@@ -11,6 +11,8 @@ measured, a verdict and its reason. Verdicts:
 * ``reproduced`` / ``not reproduced``: the evaluator's stated criterion holds / fails;
 * ``not measurable on this device``: the claim is about hardware or software the run did not
   use (e.g. GPU timings measured on a CPU); the measured numbers are still shown;
+* ``not measured at the claimed setting``: the run did not measure the claim's setting (e.g. a
+  depth it names, or a memory budget); what it did measure is shown;
 * ``not run``: no run of the experiment has results yet.
 
 Adding an experiment's claims: add the entries to the paper's YAML and one evaluator per claim
@@ -30,6 +32,7 @@ PAPER_FILES = ("memory_efficient_densenets.yaml", "inplace_abn.yaml")
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
 NOT_MEASURABLE = "not measurable on this device"
+NOT_MEASURED = "not measured at the claimed setting"
 NOT_RUN = "not run"
 
 
@@ -101,6 +104,180 @@ def _noncontiguous_overhead(claim, frame):
     ok = low - tol <= forward.median() <= high + tol
     return Outcome(measured, _verdict(ok), f"criterion: median forward overhead within "
                    f"{low}-{high}% +/- {tol:g} pp")
+
+
+# --------------------------------------------------------------------------- DenseNet Figs. 4, 5
+#: Percentage points shared storage's share of naive memory may exceed the paper's 22%.
+MEMORY_SHARE_TOLERANCE_PP = 2.0
+#: "Roughly N times": within this factor of N, either side.
+ROUGHLY_FACTOR = 1.5
+#: "Nearly N layers": at least this fraction of N.
+NEARLY_FRACTION = 0.9
+#: Share of a quadratic fit's d^2 term in the saved bytes at the deepest depth: at most
+#: LINEAR_SHARE is growth linear in depth, at least QUADRATIC_SHARE is quadratic growth.
+LINEAR_SHARE = 0.05
+QUADRATIC_SHARE = 0.5
+#: Percentage points shared storage's time overhead may exceed the paper's upper bound (20%).
+DENSENET_TIME_TOLERANCE_PP = 5.0
+GIB = 2.0 ** 30
+SAVED_BYTES = ("bytes autograd keeps for backward (saved-tensor hooks, plus the shared "
+               "storages), the same on every device")
+
+
+def _fitting(frame):
+    """``densenet_fig4_memory`` rows whose step ran, indexed by ``(impl, depth)``."""
+    table = analysis.memory_vs_depth(frame)
+    return table[table["status"] == analysis.FITS].set_index(["impl", "depth"])
+
+
+def _others(values, impls=("checkpoint", "torchvision"), fmt="{:.1f}%"):
+    """``" (checkpoint 1.0%, torchvision 2.0%)"`` for those of ``impls`` in ``values``."""
+    shown = [f"{impl} {fmt.format(values[impl])}" for impl in impls if impl in values]
+    return f" ({', '.join(shown)})" if shown else ""
+
+
+def _peak_ratio(frame, impl, depth, base_impl="naive", base_depth=None):
+    """``peak(impl, depth) / peak(base_impl, base_depth)``, or ``None`` if not measured."""
+    peaks = frame.set_index(["impl", "depth"])["peak_bytes"]
+    try:
+        ratio = peaks[(impl, depth)] / peaks[(base_impl, base_depth or depth)]
+    except KeyError:
+        return None
+    return None if pd.isna(ratio) else ratio
+
+
+def _deepest_common(fits, impls):
+    """The deepest depth at which every one of ``impls`` fitted, or ``None``."""
+    depths = fits.reset_index().groupby("impl")["depth"].apply(set)
+    common = set.intersection(*(depths.get(impl, set()) for impl in impls))
+    return max(common) if common else None
+
+
+@evaluates("densenet_memory_160_layers")
+def _shared_share_of_naive(claim, frame):
+    depth = claim["depth"]
+    fits = _fitting(frame)
+    pct = fits["saved_vs_baseline_pct"]
+    if ("naive", depth) not in pct.index or ("shared", depth) not in pct.index:
+        common = _deepest_common(fits, ("naive", "shared"))
+        measured = ("-" if common is None else f"saved for backward at {common} layers (the "
+                    f"deepest both fitted): shared {pct[('shared', common)]:.1f}% of naive")
+        return Outcome(measured, NOT_MEASURED, f"naive and shared were not both measured "
+                       f"(and fitted) at the claim's {depth} layers")
+    at_depth = pct.xs(depth, level="depth")
+    peak = _peak_ratio(frame, "shared", depth)
+    measured = (f"saved for backward at {depth} layers: shared {at_depth['shared']:.1f}% of "
+                f"naive{_others(at_depth)}" + ("" if peak is None else
+                                                 f"; peak: shared {100 * peak:.1f}% of naive"))
+    bound = claim["value"] + MEMORY_SHARE_TOLERANCE_PP
+    return Outcome(measured, _verdict(at_depth["shared"] <= bound),
+                   f"criterion: shared storage's saved bytes at most {bound:g}% of naive's at "
+                   f"{depth} layers (the paper's LuaTorch {claim['value']:g}% + "
+                   f"{MEMORY_SHARE_TOLERANCE_PP:g} pp; it finds PyTorch leaner still); "
+                   f"{SAVED_BYTES}")
+
+
+@evaluates("densenet_naive_memory_160_vs_40")
+def _naive_growth(claim, frame):
+    shallow, deep = claim["depths"]
+    saved = _fitting(frame)["saved_mib"]
+    if ("naive", shallow) not in saved.index or ("naive", deep) not in saved.index:
+        naive = saved[saved.index.get_level_values("impl") == "naive"]
+        measured = ", ".join(f"{d} layers {mib:.0f} MiB" for (_, d), mib in naive.items())
+        return Outcome(f"naive saved for backward: {measured or '-'}", NOT_MEASURED,
+                       f"naive was not measured (and fitted) at both {shallow} and {deep} "
+                       "layers")
+    ratio = saved[("naive", deep)] / saved[("naive", shallow)]
+    peak = _peak_ratio(frame, "naive", deep, "naive", shallow)
+    measured = (f"naive saved for backward: {deep} layers {ratio:.1f}x {shallow} layers "
+                f"({saved[('naive', deep)]:.0f} vs {saved[('naive', shallow)]:.0f} MiB)"
+                + ("" if peak is None else f"; peak {peak:.1f}x"))
+    low, high = claim["value"] / ROUGHLY_FACTOR, claim["value"] * ROUGHLY_FACTOR
+    return Outcome(measured, _verdict(low <= ratio <= high),
+                   f"criterion: ratio within {low:.1f}-{high:.1f}x ('roughly "
+                   f"{claim['value']:g}x' as within a factor {ROUGHLY_FACTOR:g}); {SAVED_BYTES}")
+
+
+@evaluates("densenet_memory_linear_vs_quadratic")
+def _growth_order(claim, frame):
+    growth = analysis.growth_with_depth(frame).set_index("impl")
+    fitted = growth.dropna(subset=["quadratic_share"])
+    if not {"naive", "shared"} <= set(fitted.index):
+        counts = ", ".join(f"{impl} {n}" for impl, n in growth["depths"].items())
+        return Outcome(f"depths that fitted: {counts or '-'}", NOT_MEASURED,
+                       "the fit needs at least three depths of both naive and shared")
+    share = 100 * fitted["quadratic_share"].round(6) + 0.0  # no "-0.00%" from rounding noise
+    deepest = sorted(set(fitted.loc[["naive", "shared"], "deepest"]))
+    measured = (f"d^2 term of a quadratic fit of the saved bytes, as a share of them at the "
+                f"deepest depth ({' / '.join(map(str, deepest))} layers): naive "
+                f"{share['naive']:.1f}%, shared {share['shared']:.2f}%"
+                f"{_others(share, fmt='{:.2f}%')}; naive over {fitted.loc['naive', 'depths']}, "
+                f"shared over {fitted.loc['shared', 'depths']} depths")
+    ok = (share["shared"] <= 100 * LINEAR_SHARE and share["naive"] >= 100 * QUADRATIC_SHARE)
+    return Outcome(measured, _verdict(ok),
+                   f"criterion: least-squares fit a + b d + c d^2 over the depths (c = half the "
+                   f"second difference over the squared spacing); linear: c D^2 at most "
+                   f"{100 * LINEAR_SHARE:g}% of the saved bytes at the deepest depth D, "
+                   f"quadratic: at least {100 * QUADRATIC_SHARE:g}%; {SAVED_BYTES}")
+
+
+@evaluates("densenet_pytorch_500_layers")
+def _deepest_that_fits(claim, frame):
+    fits = _fitting(frame)
+    fitted = fits.reset_index().groupby("impl")["depth"].max()
+    table = analysis.memory_vs_depth(frame)
+    first_out = table[(table["impl"] == "shared")
+                      & (table["status"] != analysis.FITS)]["depth"].min()
+    shared = fitted.get("shared")
+    measured = ("shared storage: fitted at no depth" if shared is None else
+                f"shared storage: deepest that fitted {shared} layers "
+                f"({fits.loc[('shared', shared), 'param_count'] / 1e6:.1f}M parameters)")
+    measured += ("; none out of memory" if pd.isna(first_out)
+                 else f"; out of memory from {int(first_out)} layers")
+    measured += ("; deepest that fitted: "
+                 + ", ".join(f"{impl} {d}" for impl, d in fitted.items() if impl != "shared")
+                 + f"; batch {frame['batch'].iloc[0]}")
+    if _device(frame) != "cuda":
+        return Outcome(measured, NOT_MEASURABLE, "the claim is about what fits one 12 GB GPU; "
+                       "on the CPU the budget is not enforced and memory is not a GPU's")
+    budget = claim["budget_gib"]
+    enforced = frame["budget_enforced"].astype(bool).all()
+    limit = (frame["memory_budget_gib"].max() if enforced
+             else frame["device_memory_bytes"].max() / GIB)
+    if limit > budget * (1 + 1e-6):
+        return Outcome(measured, NOT_MEASURED, f"the run's memory limit is {limit:.1f} GiB, "
+                       f"more than the claim's {budget:g} GB; set memory_budget_gib: {budget:g}")
+    threshold = NEARLY_FRACTION * claim["value"]
+    criterion = (f"criterion: shared storage fits {threshold:g}+ layers ('nearly "
+                 f"{claim['value']:g}', within {100 * (1 - NEARLY_FRACTION):g}%) in "
+                 f"{limit:.1f} GiB")
+    if shared is not None and shared >= threshold:
+        return Outcome(measured, REPRODUCED, criterion)
+    if not pd.isna(first_out) and first_out <= threshold:
+        return Outcome(measured, NOT_REPRODUCED, criterion)
+    return Outcome(measured, NOT_MEASURED, f"{criterion}; no depth from {threshold:g} layers "
+                   "on was measured for shared storage")
+
+
+@evaluates("densenet_shared_time_overhead")
+def _shared_time_overhead(claim, frame):
+    depth = claim["depth"]
+    table = analysis.time_vs_baseline(frame)
+    at_depth = table[table["depth"] == depth].set_index("impl")["overhead_pct"]
+    if "shared" not in at_depth.index:
+        depths = sorted(set(table["depth"]))
+        return Outcome(f"depths timed: {depths}", NOT_MEASURED,
+                       f"naive and shared were not both timed at the claim's {depth} layers")
+    batch = frame.loc[frame["depth"] == depth, "batch"].iloc[0]
+    measured = (f"DenseNet-BC-{depth}, batch {batch}: shared storage "
+                f"{at_depth['shared']:+.1f}% time over naive"
+                f"{_others(at_depth, fmt='{:+.1f}%')}")
+    if _device(frame) != "cuda":
+        return Outcome(measured, NOT_MEASURABLE, GPU_TIMING)
+    bound = claim["value"][1] + DENSENET_TIME_TOLERANCE_PP
+    return Outcome(measured, _verdict(at_depth["shared"] <= bound),
+                   f"criterion: overhead at most {bound:g}% (the paper's PyTorch "
+                   f"{claim['value'][1]:g}% + {DENSENET_TIME_TOLERANCE_PP:g} pp)")
 
 
 # --------------------------------------------------------------------------- InPlace-ABN
@@ -181,6 +358,43 @@ def _iabn_ii_faster(claim, frame):
                    "criterion: INPLACE-ABN II faster in every module")
 
 
+# --------------------------------------------------------------------------- InPlace-ABN Table 2
+#: Percentage points the measured data increase may fall short of the paper's +75% (one crop
+#: per GPU more or less, at the paper's 4, is 25 pp).
+DATA_INCREASE_TOLERANCE_PP = 15.0
+CAPACITY_BODIES = {"resnext101": "ResNeXt-101", "wideresnet38": "WideResNet-38"}
+CAPACITY_MODES = {"fixed_crop": "FIXED CROP", "fixed_batch": "FIXED BATCH"}
+
+
+@evaluates("iabn_segmentation_data_increase")
+def _iabn_data_increase(claim, frame):
+    from .iabn_table2_capacity import capacity_gain  # imports torch; move to analysis.py to avoid
+
+    table = capacity_gain(frame).set_index(["body", "mode", "norm"])
+    cells = []
+    for (body, mode, norm), row in table.iterrows():
+        if norm == "iabn" and (body, mode, "bn") in table.index:
+            base = table.loc[(body, mode, "bn")]
+            cells.append(f"{CAPACITY_BODIES[body]} {CAPACITY_MODES[mode]}: "
+                         f"{base['crops']} x {base['crop_size']}^2 -> {row['crops']} x "
+                         f"{row['crop_size']}^2 ({row['gain_pct']:+.0f}%)")
+    setting = frame.iloc[0]
+    scale = (f"{', '.join(sorted(set(table['method'])))}, width {setting['width']:g}, "
+             f"{setting['budget_mib']:g} MiB per device")
+    measured = "; ".join(cells) + f" ({scale})"
+    key = ("resnext101", "fixed_crop", "iabn")
+    if key not in table.index or ("resnext101", "fixed_crop", "bn") not in table.index:
+        return Outcome(measured, NOT_RUN, "no ResNeXt-101 FIXED CROP pair (STD-BN and "
+                       "InPlace-ABN) in this run")
+    gain = table.loc[key, "gain_pct"]
+    low = claim["value"] - DATA_INCREASE_TOLERANCE_PP
+    return Outcome(measured, _verdict(gain >= low),
+                   f"criterion: ResNeXt-101 FIXED CROP pixels per batch at least +{low:g}% "
+                   f"over STD-BN (the paper's +{claim['value']}% less "
+                   f"{DATA_INCREASE_TOLERANCE_PP:g} pp); judged at the run's scale ({scale}), "
+                   "the paper's is full width and 12 GB per GPU")
+
+
 # --------------------------------------------------------------------------- report
 def load_claims(artifacts):
     """Every claim entry of the papers' YAML files, each with its ``paper`` added."""
@@ -223,7 +437,8 @@ def report(artifacts):
              "`artifacts/paper/`; each run is `<profile>-<device>`.", "",
              f"Verdicts: **{REPRODUCED}** / **{NOT_REPRODUCED}** (the stated criterion holds / "
              f"fails), **{NOT_MEASURABLE}** (the claim needs hardware or software the run did "
-             f"not use), **{NOT_RUN}** (no results yet)."]
+             f"not use), **{NOT_MEASURED}** (the run did not cover the claim's setting, e.g. "
+             f"its depth), **{NOT_RUN}** (no results yet)."]
     header = ["claim", "the paper says", "source", "run", "device", "measured", "verdict",
               "why"]
     for paper in dict.fromkeys(c["paper"] for c in claims):

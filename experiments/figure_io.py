@@ -13,6 +13,9 @@ from .artifacts import atomic_path
 
 FIGURE_FORMATS = ("png", "pdf")
 DPI = 200
+#: How the DenseNet figures (Figs. 4 and 5) name the implementations they compare.
+IMPLEMENTATION_LABELS = {"naive": "naive", "shared": "shared storage",
+                         "checkpoint": "checkpoint", "torchvision": "torchvision (memory-efficient)"}
 
 
 def load_aggregate(experiment):
@@ -66,4 +69,5 @@ def save_table(frame, name, run, digits=2, caption=None):
     return written
 
 
-__all__ = ["load_aggregate", "save_figure", "save_table", "markdown_table"]
+__all__ = ["IMPLEMENTATION_LABELS", "load_aggregate", "save_figure", "save_table",
+           "markdown_table"]

@@ -19,9 +19,15 @@ gradient ``g``; parameter gradients are zeroed (kept allocated) before each step
 * ``peak_bytes``: the peak memory of one step above the memory before it (model, input,
   gradients and, after warm-up, the shared storages). On CUDA ``torch.cuda.max_memory_allocated``
   after a reset; on the CPU the peak resident set (``ru_maxrss``) of a fresh subprocess that runs
-  one step of the configuration, minus its resident set just before the step.
+  one step of the configuration, minus its resident set just before the step (glibc's mmap
+  threshold fixed in that process, so freed tensors leave the resident set).
 * ``time``: median, min and max seconds per step after warm-up (CUDA events on GPU).
-* ``param_count`` and ``param_bytes``.
+* ``param_count`` and ``param_bytes`` (:func:`architecture`: from the architecture alone, as is
+  the lower bound, so both are known for a configuration that does not fit the device).
+
+:class:`TrainingStep` is the step itself (also timed side by side by the Fig. 5 experiment);
+:data:`IMPLEMENTATIONS` and :func:`cifar_spec` / :func:`cifar_configuration` name the
+DenseNet-BC implementations the Fig. 4 and Fig. 5 experiments compare.
 """
 import argparse
 import dataclasses
@@ -127,6 +133,40 @@ class ModelSpec:
         return args
 
 
+#: The DenseNet-BC implementations the Fig. 4 and Fig. 5 experiments compare: this project's
+#: three (``layers.densenet`` ``impl``) and torchvision's memory-efficient model.
+IMPLEMENTATIONS = (*densenet.IMPLS, "torchvision")
+
+
+def cifar_spec(implementation, depth, growth_rate=DEFAULT_CIFAR_GROWTH_RATE):
+    """The :class:`ModelSpec` of DenseNet-BC-``depth`` (32x32 inputs) in ``implementation``
+    (one of :data:`IMPLEMENTATIONS`: ``torchvision`` is ``torchvision_densenet``)."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation={implementation!r} must be one of {IMPLEMENTATIONS}")
+    if implementation == "torchvision":
+        return ModelSpec("torchvision_densenet", depth, growth_rate)
+    return ModelSpec("densenet_bc", depth, growth_rate, impl=implementation)
+
+
+def cifar_configuration(implementation, depth, growth_rate, batch, size):
+    """``(spec, input_shape)`` of a DenseNet-BC point of the Fig. 4/5 experiments, checked.
+
+    Raises ``ValueError`` naming the argument: an unknown implementation, a depth not of the
+    form ``6n + 4``, or inputs too small for the network (two 2x2 poolings; training-mode batch
+    norm needs more than one value per channel in the last block).
+    """
+    spec = cifar_spec(implementation, depth, growth_rate)
+    _reference_model(spec)  # the model's own argument checks, on the meta device
+    if batch < 1:
+        raise ValueError(f"batch={batch!r} must be >= 1")
+    last = size // 4  # the last block's maps, after two 2x2 average poolings
+    if last < 1 or batch * last * last < 2:
+        raise ValueError(f"size={size!r} with batch={batch!r}: the last dense block sees "
+                         f"{last}x{last} maps; training-mode batch norm needs batch * "
+                         "(size // 4)^2 >= 2 (e.g. size >= 8, or batch >= 2 with size >= 4)")
+    return spec, (batch, 3, size, size)
+
+
 def _torchvision_cifar_densenet(depth, growth_rate, num_classes=10):
     """torchvision's DenseNet (``memory_efficient=True``) with ``densenet_bc``'s 32x32 stem.
 
@@ -201,6 +241,17 @@ def _reference_model(spec):
         return reference.build()
 
 
+def architecture(spec, input_shape, dtype=torch.float32):
+    """``{param_count, param_bytes, lower_bound_bytes}`` of ``spec`` on ``input_shape``, from
+    the architecture alone (built on the meta device: no data, no memory), so they are known
+    even for a configuration that does not fit the device."""
+    reference = _reference_model(spec)
+    params = list(reference.parameters())
+    return {"param_count": sum(p.numel() for p in params),
+            "param_bytes": sum(p.numel() for p in params) * dtype.itemsize,
+            "lower_bound_bytes": lower_bound_bytes(reference, input_shape, dtype)}
+
+
 def _resident_bytes():
     """The current resident set size of this process (Linux: ``/proc/self/statm``)."""
     with open("/proc/self/statm", encoding="ascii") as f:
@@ -213,8 +264,11 @@ def _max_resident_bytes():
 
 
 # --------------------------------------------------------------------------- one configuration
-class _Step:
-    """A model, a fixed input and output gradient, and one training step on them."""
+class TrainingStep:
+    """A model, a fixed input and output gradient, and one training step on them (what
+    :func:`measure` times and measures; also timed side by side by the Fig. 5 experiment).
+    Every step of the same architecture starts from the same weights (seeded), whatever the
+    implementation."""
 
     def __init__(self, spec, input_shape, device, dtype):
         torch.manual_seed(SEED)
@@ -254,7 +308,7 @@ def peak_child(spec, input_shape, dtype):
     A warm-up step on two samples first loads the kernels and allocates the parameter
     gradients, so neither is counted; the measured step's growth of the shared storages is.
     """
-    step = _Step(spec, input_shape, "cpu", dtype)
+    step = TrainingStep(spec, input_shape, "cpu", dtype)
     step(batch=min(2, input_shape[0]))
     step.zero_grad()
     baseline = _resident_bytes()
@@ -266,14 +320,24 @@ def peak_child(spec, input_shape, dtype):
             "peak_method": "cpu_maxrss_subprocess"}
 
 
+#: glibc's mmap threshold for the peak-memory subprocess (bytes). Fixed, it stops glibc from
+#: raising the threshold as blocks are freed, which would keep the warm-up step's freed feature
+#: maps on the heap, resident, and hide up to half of the measured step's growth.
+PEAK_CHILD_MMAP_THRESHOLD = 128 * 1024
+
+
 def _cpu_peak(spec, input_shape, dtype, threads):
-    """:func:`peak_child` in a fresh ``python -m experiments.measure --peak-child``."""
+    """:func:`peak_child` in a fresh ``python -m experiments.measure --peak-child``, with
+    ``MALLOC_MMAP_THRESHOLD_`` fixed (unless set already) so that freed tensors leave the
+    resident set and the peak follows what the step allocates."""
+    env = {"MALLOC_MMAP_THRESHOLD_": str(PEAK_CHILD_MMAP_THRESHOLD), **os.environ}
     args = [sys.executable, "-m", "experiments.measure", *spec.cli_args(),
             "--batch", str(input_shape[0]), "--size", str(input_shape[2]),
             "--dtype", _dtype_name(dtype), "--peak-child"]
     if threads is not None:
         args += ["--threads", str(threads)]
-    result = subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    result = subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                            check=False)
     if result.returncode != 0:
         raise RuntimeError(f"peak-memory subprocess failed ({' '.join(args)}):\n"
                            f"{result.stderr[-4000:]}")
@@ -304,26 +368,26 @@ def measure(spec, input_shape, device="cpu", dtype=torch.float32, warmup=1, repe
     device = torch.device(device)
     input_shape = tuple(input_shape)
     _set_threads(threads)
-    step = _Step(spec, input_shape, device, dtype)
+    step = TrainingStep(spec, input_shape, device, dtype)
     timing = time_callable(step, warmup, repeats, device, setup=step.zero_grad)
     saved, saved_count = saved_tensor_bytes(step.model, step.x)
     shared = (step.model.shared_storage_bytes()
               if isinstance(step.model, densenet.DenseNet) else 0)
-    lower_bound = lower_bound_bytes(_reference_model(spec), input_shape, dtype)
+    arch = architecture(spec, input_shape, dtype)
+    lower_bound = arch["lower_bound_bytes"]
     peak_fields = {"peak_bytes": None, "peak_baseline_bytes": None, "peak_method": None}
     if peak and device.type == "cuda":
         peak_fields = _cuda_peak(step)
     elif peak:
         peak_fields = _cpu_peak(spec, input_shape, dtype, threads)
-    params = list(step.model.parameters())
     return {
         "model": dataclasses.asdict(spec),
         "input_shape": list(input_shape),
         "dtype": _dtype_name(dtype),
         "device": device.type,
         "warmup": warmup,
-        "param_count": sum(p.numel() for p in params),
-        "param_bytes": sum(p.numel() * p.element_size() for p in params),
+        "param_count": arch["param_count"],
+        "param_bytes": arch["param_bytes"],
         "saved_tensor_bytes": saved,
         "saved_tensor_count": saved_count,
         "shared_storage_bytes": shared,

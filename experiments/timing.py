@@ -3,6 +3,10 @@
 On CPU each run is timed with :func:`time.perf_counter`. On CUDA it is timed with a pair of
 ``torch.cuda.Event`` recorded on the current stream around the call, after synchronising, so
 the time covers the device work the call queued and not the host's launch time alone.
+
+:func:`time_callable` times one callable; :func:`time_interleaved` times several in rounds (each
+runs once per round), so that load which drifts while they are measured (other jobs, thermal
+throttling) reaches all of them alike and their ratios stay fair.
 """
 import statistics
 import time
@@ -14,22 +18,20 @@ def _is_cuda(device):
     return torch.device(device).type == "cuda"
 
 
-def time_callable(fn, warmup, repeats, device="cpu", setup=None):
-    """Time ``fn`` ``repeats`` times after ``warmup`` untimed calls.
-
-    If ``setup`` is given it runs, untimed, before every call (warm-up ones included) and its
-    return value is passed to ``fn``: ``fn(setup())``; otherwise ``fn()`` is called. Returns
-    ``dict(median_s, min_s, max_s, repeats)`` in seconds.
-    """
+def _check_counts(warmup, repeats):
     if int(repeats) != repeats or repeats < 1:
         raise ValueError(f"repeats={repeats!r} must be an integer >= 1")
     if int(warmup) != warmup or warmup < 0:
         raise ValueError(f"warmup={warmup!r} must be an integer >= 0")
+
+
+def _timer(device):
+    """``run_once(fn, setup) -> seconds``: ``setup`` (if any) untimed, then ``fn`` timed."""
     cuda = _is_cuda(device)
     if cuda and not torch.cuda.is_available():
         raise RuntimeError(f"device={device!r} needs CUDA, which is not available")
 
-    def run_once():
+    def run_once(fn, setup):
         args = () if setup is None else (setup(),)
         if cuda:
             torch.cuda.synchronize()
@@ -44,9 +46,10 @@ def time_callable(fn, warmup, repeats, device="cpu", setup=None):
         fn(*args)
         return time.perf_counter() - start
 
-    for _ in range(int(warmup)):
-        run_once()
-    times = [run_once() for _ in range(int(repeats))]
+    return run_once
+
+
+def _summary(times):
     return {
         "median_s": statistics.median(times),
         "min_s": min(times),
@@ -55,4 +58,46 @@ def time_callable(fn, warmup, repeats, device="cpu", setup=None):
     }
 
 
-__all__ = ["time_callable"]
+def time_callable(fn, warmup, repeats, device="cpu", setup=None):
+    """Time ``fn`` ``repeats`` times after ``warmup`` untimed calls.
+
+    If ``setup`` is given it runs, untimed, before every call (warm-up ones included) and its
+    return value is passed to ``fn``: ``fn(setup())``; otherwise ``fn()`` is called. Returns
+    ``dict(median_s, min_s, max_s, repeats)`` in seconds.
+    """
+    _check_counts(warmup, repeats)
+    run_once = _timer(device)
+    for _ in range(int(warmup)):
+        run_once(fn, setup)
+    return _summary([run_once(fn, setup) for _ in range(int(repeats))])
+
+
+def time_interleaved(fns, warmup, repeats, device="cpu", setups=None):
+    """Time every callable of ``fns`` (``{name: fn}``) in ``warmup + repeats`` rounds.
+
+    Each round calls every ``fn`` once; round ``r`` starts at the ``r``-th name (rotating the
+    order), so no callable is always the first, or always the one after the same neighbour.
+    The first ``warmup`` rounds are not timed. ``setups`` (``{name: setup}``, optional per
+    name) works as ``setup`` of :func:`time_callable`. Returns ``{name: dict(median_s, min_s,
+    max_s, repeats)}`` in the order of ``fns``.
+    """
+    _check_counts(warmup, repeats)
+    if not fns:
+        raise ValueError("fns is empty: give at least one callable to time")
+    setups = dict(setups or {})
+    unknown = sorted(set(setups) - set(fns))
+    if unknown:
+        raise ValueError(f"setups names {unknown}, which are not in fns {list(fns)}")
+    run_once = _timer(device)
+    names = list(fns)
+    times = {name: [] for name in names}
+    for r in range(int(warmup) + int(repeats)):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            seconds = run_once(fns[name], setups.get(name))
+            if r >= warmup:
+                times[name].append(seconds)
+    return {name: _summary(times[name]) for name in names}
+
+
+__all__ = ["time_callable", "time_interleaved"]

@@ -103,9 +103,8 @@ def test_claims_without_results_are_not_run_and_every_run_gets_a_row(artifacts):
 
 def test_results_without_an_evaluator_are_an_error(artifacts):
     write(artifacts, "densenet_fig4_memory", "smoke-cpu", pd.DataFrame({"device": ["cpu"]}))
-    claim = next(c for c in claims.load_claims(artifacts)
-                 if c["id"] == "densenet_pytorch_500_layers")
-    with pytest.raises(LookupError, match="densenet_pytorch_500_layers"):
+    claim = {"id": "densenet_unheard_of", "experiment": "densenet_fig4_memory"}
+    with pytest.raises(LookupError, match="densenet_unheard_of"):
         claims.evaluate(claim, artifacts)
 
 
@@ -119,6 +118,133 @@ def test_report_lists_every_claim_and_is_written_atomically(artifacts, tmp_path)
         assert f"`{claim['id']}`" in text
     assert "## Pleiss et al. 2017" in text and "## Rota Bulò et al. 2018" in text
     assert "| smoke-cpu | a device |" in text
+
+
+# --------------------------------------------------------------------------- DenseNet Figs. 4, 5
+MIB = 2 ** 20
+DEPTHS = (40, 64, 88, 112, 136, 160)
+#: Saved MiB as a function of depth, like the paper's (naive quadratic, about 10x from 40 to
+#: 160 layers; shared linear, far below 22% of naive) ...
+PAPER_LIKE = {"naive": lambda d: d + 0.05 * d * d, "shared": lambda d: 0.15 * d,
+              "checkpoint": lambda d: 0.3 * d, "torchvision": lambda d: 0.3 * d}
+#: ... and unlike it (naive linear, shared quadratic and above naive at 160 layers).
+UNLIKE = {"naive": lambda d: 2 * d, "shared": lambda d: 0.02 * d * d}
+
+
+def fig4_frame(device, saved_mib, depths=DEPTHS, out_of_memory=(), budget_gib=12.0,
+               enforced=None):
+    """A ``densenet_fig4_memory`` CSV: ``saved_mib[impl](depth)`` per point, peaks 10% above;
+    ``(impl, depth)`` pairs in ``out_of_memory`` did not fit."""
+    enforced = device == "cuda" if enforced is None else enforced
+    rows = []
+    for impl, saved in saved_mib.items():
+        for depth in depths:
+            fits = (impl, depth) not in out_of_memory
+            rows.append({
+                "impl": impl, "depth": depth, "batch": 64, "device": device,
+                "env_device_name": "a device", "memory_budget_gib": budget_gib,
+                "budget_enforced": enforced,
+                "device_memory_bytes": 80 * 2 ** 30 if device == "cuda" else None,
+                "status": "ok" if fits else "out_of_memory", "param_count": 1000 * depth ** 2,
+                "lower_bound_bytes": 0.1 * depth * MIB,
+                "saved_bytes": saved(depth) * MIB if fits else None,
+                "peak_bytes": 1.1 * saved(depth) * MIB if fits else None,
+                "median_s": 0.01 * depth if fits else None})
+    return pd.DataFrame(rows)
+
+
+def fig5_frame(device, overhead_pct, depth=100):
+    """A ``densenet_fig5_time`` CSV: ``overhead_pct[impl]`` over a 100 ms naive step."""
+    rows = [{"depth": depth, "impl": impl, "batch": 64, "device": device,
+             "env_device_name": "a device", "median_s": 0.1 * (1 + pct / 100),
+             "min_s": 0.09, "max_s": 0.2}
+            for impl, pct in {"naive": 0, **overhead_pct}.items()]
+    return pd.DataFrame(rows)
+
+
+FIG4_MEMORY_CLAIMS = ("densenet_memory_160_layers", "densenet_naive_memory_160_vs_40",
+                      "densenet_memory_linear_vs_quadratic")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_densenet_memory_claims_are_judged_from_saved_bytes_on_any_device(artifacts, device):
+    write(artifacts, "densenet_fig4_memory", f"like-{device}", fig4_frame(device, PAPER_LIKE))
+    write(artifacts, "densenet_fig4_memory", f"unlike-{device}", fig4_frame(device, UNLIKE))
+    got = verdicts(artifacts)
+    for claim_id in FIG4_MEMORY_CLAIMS:
+        assert got[(claim_id, f"like-{device}")] == claims.REPRODUCED, claim_id
+        assert got[(claim_id, f"unlike-{device}")] == claims.NOT_REPRODUCED, claim_id
+
+
+def test_densenet_memory_claims_name_what_they_measured(artifacts):
+    write(artifacts, "densenet_fig4_memory", "smoke-cpu", fig4_frame("cpu", PAPER_LIKE))
+    outcomes = {c["id"]: claims.evaluate(c, artifacts)[0][2]
+                for c in claims.load_claims(artifacts) if c["id"] in FIG4_MEMORY_CLAIMS}
+    # shared 0.15 * 160 = 24 MiB; naive 160 + 0.05 * 160^2 = 1440 MiB, 120 MiB at 40 layers.
+    assert "shared 1.7% of naive (checkpoint 3.3%, torchvision 3.3%)" in \
+        outcomes["densenet_memory_160_layers"].measured
+    assert "160 layers 12.0x 40 layers (1440 vs 120 MiB); peak 12.0x" in \
+        outcomes["densenet_naive_memory_160_vs_40"].measured
+    growth = outcomes["densenet_memory_linear_vs_quadratic"].measured
+    assert "naive 88.9%, shared 0.00%" in growth and "-0.00" not in growth
+
+
+def test_densenet_memory_claims_at_unmeasured_depths_are_not_measured(artifacts):
+    write(artifacts, "densenet_fig4_memory", "short-cpu",
+          fig4_frame("cpu", PAPER_LIKE, depths=(40, 64)))
+    got = verdicts(artifacts)
+    for claim_id in FIG4_MEMORY_CLAIMS:
+        assert got[(claim_id, "short-cpu")] == claims.NOT_MEASURED, claim_id
+    claim = next(c for c in claims.load_claims(artifacts)
+                 if c["id"] == "densenet_memory_160_layers")
+    [(_, _, outcome)] = claims.evaluate(claim, artifacts)
+    assert "at 64 layers (the deepest both fitted): shared 3.6% of naive" in outcome.measured
+
+
+def test_densenet_500_layers_needs_a_gpu_with_the_papers_budget(artifacts):
+    deep = (40, 160, 280, 400, 472, 496, 520)
+    naive_out = {("naive", d) for d in deep if d > 160}
+    write(artifacts, "densenet_fig4_memory", "fits-cuda",
+          fig4_frame("cuda", PAPER_LIKE, deep, out_of_memory={*naive_out, ("shared", 520)}))
+    write(artifacts, "densenet_fig4_memory", "short-cuda",
+          fig4_frame("cuda", PAPER_LIKE, deep, out_of_memory={*naive_out, ("shared", 400),
+                                                              ("shared", 472), ("shared", 496),
+                                                              ("shared", 520)}))
+    write(artifacts, "densenet_fig4_memory", "shallow-cuda",
+          fig4_frame("cuda", PAPER_LIKE, (40, 160, 280)))
+    write(artifacts, "densenet_fig4_memory", "roomy-cuda",
+          fig4_frame("cuda", PAPER_LIKE, deep, budget_gib=None, enforced=False))
+    write(artifacts, "densenet_fig4_memory", "smoke-cpu", fig4_frame("cpu", PAPER_LIKE, deep))
+    got = {run: verdict for (claim_id, run), verdict in verdicts(artifacts).items()
+           if claim_id == "densenet_pytorch_500_layers"}
+    assert got == {"fits-cuda": claims.REPRODUCED, "short-cuda": claims.NOT_REPRODUCED,
+                   "shallow-cuda": claims.NOT_MEASURED, "roomy-cuda": claims.NOT_MEASURED,
+                   "smoke-cpu": claims.NOT_MEASURABLE}
+    claim = next(c for c in claims.load_claims(artifacts)
+                 if c["id"] == "densenet_pytorch_500_layers")
+    outcomes = {run: outcome for run, _, outcome in claims.evaluate(claim, artifacts)}
+    assert outcomes["fits-cuda"].measured.startswith(
+        "shared storage: deepest that fitted 496 layers (246.0M parameters); out of memory "
+        "from 520 layers; deepest that fitted: checkpoint 520, naive 160, torchvision 520")
+    assert "80.0 GiB" in outcomes["roomy-cuda"].reason
+
+
+def test_densenet_time_overhead_is_a_gpu_claim(artifacts):
+    write(artifacts, "densenet_fig5_time", "paper-cuda",
+          fig5_frame("cuda", {"shared": 18, "checkpoint": 30, "torchvision": 25}))
+    write(artifacts, "densenet_fig5_time", "slow-cuda", fig5_frame("cuda", {"shared": 60}))
+    write(artifacts, "densenet_fig5_time", "smoke-cpu", fig5_frame("cpu", {"shared": 18}))
+    write(artifacts, "densenet_fig5_time", "other-cuda",
+          fig5_frame("cuda", {"shared": 18}, depth=40))
+    got = {run: verdict for (claim_id, run), verdict in verdicts(artifacts).items()
+           if claim_id == "densenet_shared_time_overhead"}
+    assert got == {"paper-cuda": claims.REPRODUCED, "slow-cuda": claims.NOT_REPRODUCED,
+                   "smoke-cpu": claims.NOT_MEASURABLE, "other-cuda": claims.NOT_MEASURED}
+    claim = next(c for c in claims.load_claims(artifacts)
+                 if c["id"] == "densenet_shared_time_overhead")
+    outcome = next(o for run, _, o in claims.evaluate(claim, artifacts) if run == "smoke-cpu")
+    assert outcome.measured == ("DenseNet-BC-100, batch 64: shared storage +18.0% time over "
+                                "naive")
 
 
 # --------------------------------------------------------------------------- papers' numbers
@@ -150,7 +276,8 @@ def test_papers_numbers_appear_in_the_papers_text():
     if not papers.is_dir():
         pytest.skip(f"no paper texts at {papers}")
     expected = {"memory-efficient-densenets.txt": ("4.51", "5.18", "22.27", "24.30", "22%",
-                                                   "nearly 500 layers", "20.26%", "15%"),
+                                                   "nearly 500 layers", "20.26%", "15%",
+                                                   "from quadratic to linear"),
                 "inplace-abn.txt": ("0.8", "up to 50%", "+75%", "77.04", "78.08", "74.42")}
     for name, numbers in expected.items():
         body = (papers / name).read_text()

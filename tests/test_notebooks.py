@@ -18,7 +18,23 @@ TINY_POINTS = {
     "iabn_table1_timing": {
         module: ["--module", module, "--batch", "2", "--max-size", "2"]
         for module in ("conv3", "conv4")},
+    # Peak memory (a subprocess) measured at one point only: measured and missing peaks plot.
+    "densenet_fig4_memory": {
+        f"{impl}_d{depth}": ["--impl", impl, "--depth", str(depth), "--growth-rate", "4",
+                             "--batch", "2", "--size", "8",
+                             *([] if (impl, depth) == ("naive", 10) else ["--no-peak"])]
+        for impl in ("naive", "shared") for depth in (10, 16)},
+    "densenet_fig5_time": {
+        "d10": ["--depth", "10", "--growth-rate", "4", "--batch", "2", "--size", "8"]},
+    # fit (the CPU's method) at 1/32 width on 32x32 crops within 8 MiB: 7-10 crops.
+    "iabn_table2_capacity": {
+        f"resnext101_{norm}_{mode}": ["--body", "resnext101", "--norm", norm, "--mode", mode,
+                                      "--width", "0.03125", "--crop", "32", "--batch", "2",
+                                      "--budget-mib", "8", "--fit-batches", "2", "3",
+                                      "--fit-crops", "16", "24"]
+        for norm in ("bn", "iabn") for mode in ("fixed_crop", "fixed_batch")},
 }
+
 NOTEBOOKS = sorted(p.stem for p in (ROOT / "figures").glob("*.ipynb"))
 
 

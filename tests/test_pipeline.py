@@ -15,11 +15,18 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = ("smoke", "paper")
-#: experiment id -> (config key listing its points, how a point is named from an entry)
+#: experiment id -> its point names, from its section of a profile
 EXPERIMENT_POINTS = {
-    "densenet_fig2_contiguous": ("in_channels", "c{}"),
-    "iabn_table1_timing": ("modules", "{}"),
+    "densenet_fig2_contiguous": lambda section: [f"c{c}" for c in section["in_channels"]],
+    "iabn_table1_timing": lambda section: list(section["modules"]),
+    "densenet_fig4_memory": lambda section: [f"{impl}_d{depth}" for impl in section["impls"]
+                                             for depth in section["depths"]],
+    "densenet_fig5_time": lambda section: [f"d{depth}" for depth in section["depths"]],
+    "iabn_table2_capacity": lambda section: [f"{body}_{norm}_{mode}" for body in section["bodies"]
+                                             for norm in ("bn", "iabn")
+                                             for mode in section["modes"]],
 }
+
 
 
 @pytest.fixture
@@ -52,8 +59,8 @@ def test_dry_run_plans_every_experiment(workdir, name):
     counts = job_counts(result.stdout)
     config = profile(name)
     run = f"{name}-{config['device']}"
-    for experiment, (key, name_of) in EXPERIMENT_POINTS.items():
-        points = [name_of.format(entry) for entry in config[experiment][key]]
+    for experiment, points_of in EXPERIMENT_POINTS.items():
+        points = points_of(config[experiment])
         assert counts[f"{experiment}_point"] == len(points), experiment
         for point in points:
             assert f"artifacts/{experiment}/{run}/{point}.json" in result.stdout
@@ -69,8 +76,8 @@ def test_dry_run_plans_every_experiment(workdir, name):
 def test_experiment_target_plans_only_its_own_jobs(workdir, experiment):
     result = snakemake(workdir, "-n", experiment)
     assert result.returncode == 0, result.stderr
-    key, _ = EXPERIMENT_POINTS[experiment]
-    assert job_counts(result.stdout) == {f"{experiment}_point": len(profile("smoke")[experiment][key]),
+    points = EXPERIMENT_POINTS[experiment](profile("smoke")[experiment])
+    assert job_counts(result.stdout) == {f"{experiment}_point": len(points),
                                          "aggregate": 1, "render": 1, experiment: 1}
 
 
@@ -81,6 +88,10 @@ def test_experiment_target_plans_only_its_own_jobs(workdir, experiment):
     ({"densenet_fig2_contiguous": {"in_chanels": [16]}}, "'in_chanels' was unexpected"),
     ({"device": "gpu"}, "'gpu' is not one of ['cpu', 'cuda']"),
     ({"profile": "huge"}, "profile='huge'"),
+    ({"densenet_fig4_memory": {"depths": [40, 44]}}, "[44] are not of DenseNet-BC's form 6n + 4"),
+    ({"densenet_fig4_memory": {"memory_budget_gib": 0}},
+     "['densenet_fig4_memory']['memory_budget_gib']"),
+    ({"densenet_fig5_time": {"impls": ["shared", "checkpoint"]}}, "{'const': 'naive'}"),
 ])
 def test_bad_config_stops_before_any_job(workdir, config, message):
     configfile = workdir / "bad.yaml"

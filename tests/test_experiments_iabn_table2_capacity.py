@@ -1,0 +1,252 @@
+"""The capacity experiment (InPlace-ABN paper, Table 2 brackets): its search and fit logic on
+synthetic memory functions, tiny real points of both methods on the CPU, and its notebook."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from experiments import aggregate, paths, render
+from experiments.iabn_table2_capacity import (METHODS, MIN_CROPS, AllocationTracker,
+                                              capacity_gain, fit_line, largest_fitting,
+                                              parse_args, search_capacity, solve)
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENT = "iabn_table2_capacity"
+RUN = "test-cpu"
+MIB = 2 ** 20
+#: A tiny network, crop and budget: about 7 (STD-BN) and 10 (InPlace-ABN) crops of 32^2.
+TINY = ["--body", "resnext101", "--width", "0.03125", "--crop", "32", "--batch", "2",
+        "--budget-mib", "8", "--fit-batches", "2", "3", "--fit-crops", "16", "24",
+        "--warmup", "0", "--repeats", "1"]
+
+
+def point_args(norm, mode, method=None):
+    return [*TINY, "--norm", norm, "--mode", mode] + ([] if method is None else
+                                                      ["--method", method])
+
+
+#: point name -> arguments: both norms and modes by the CPU's default method (fit), and the
+#: search of both norms at a fixed crop.
+POINTS = {f"resnext101_{norm}_{mode}": point_args(norm, mode)
+          for norm in ("bn", "iabn") for mode in ("fixed_crop", "fixed_batch")}
+SEARCHES = {f"search_{norm}": point_args(norm, "fixed_crop", "search") for norm in ("bn", "iabn")}
+
+
+# --------------------------------------------------------------------------- pure logic
+@pytest.mark.parametrize("threshold", [1, 2, 3, 5, 17, 64, 100, 1000])
+@pytest.mark.parametrize("start", [2, 7, 64])
+def test_largest_fitting_finds_a_monotone_threshold(start, threshold):
+    n, probes = largest_fitting(lambda k: k <= threshold, start, 2, 1000)
+    assert n == max(threshold, 1)
+    assert len(probes) <= 2 * 10 + 2  # doubling then bisecting: logarithmic
+    assert all(ok == (k <= threshold) for k, ok in probes)
+
+
+def test_largest_fitting_stops_at_the_upper_limit_and_checks_start():
+    assert largest_fitting(lambda k: True, 3, 2, 40)[0] == 40
+    with pytest.raises(ValueError, match="start=1 must lie in"):
+        largest_fitting(lambda k: True, 1, 2, 40)
+
+
+def test_fit_recovers_a_line_and_solve_gives_the_exact_capacity():
+    a, b = 1.5e9, 12_000.0  # bytes, bytes per pixel
+    pixels = [2 * 64 ** 2, 3 * 64 ** 2, 4 * 64 ** 2]
+    fitted_a, fitted_b, residual = fit_line(pixels, [a + b * p for p in pixels])
+    assert fitted_a == pytest.approx(a) and fitted_b == pytest.approx(b)
+    assert residual < 1e-3
+    budget = a + b * 7 * 512 ** 2  # exactly seven crops of 512^2
+    assert solve(a, b, budget, "fixed_crop", crop=512)[:2] == (7, 512)
+    assert solve(a, b, budget - b, "fixed_crop", crop=512)[:2] == (6, 512)  # a pixel less
+    # four crops: 7 * 512^2 / 4 = 677.4^2 pixels each -> 672, a multiple of 8
+    crops, crop, capacity = solve(a, b, budget, "fixed_batch", batch=4, crop_step=8)
+    assert (crops, crop) == (4, 672) and capacity == pytest.approx(7 * 512 ** 2)
+    assert solve(a, b, a / 2, "fixed_crop", crop=512)[:2] == (0, 512)
+    with pytest.raises(ValueError, match="b=0.0"):
+        solve(a, 0.0, budget, "fixed_crop", crop=512)
+    with pytest.raises(ValueError, match="two distinct sizes"):
+        fit_line([5, 5], [1, 2])
+
+
+class FakeStep:
+    """A training step whose memory is ``a + b * pixels``; above ``oom_bytes`` it raises
+    ``torch.OutOfMemoryError`` as the capped CUDA allocator does."""
+
+    def __init__(self, a, b, oom_bytes):
+        self.a, self.b, self.oom_bytes = a, b, oom_bytes
+        self.released = 0
+
+    def measure(self, crops, crop, repeats=1):
+        memory = self.a + self.b * crops * crop * crop
+        if memory > self.oom_bytes:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return {"memory_bytes": memory, "step_s": 0.0}
+
+    def release(self):
+        self.released += 1
+
+
+@pytest.mark.parametrize("mode, expected", [("fixed_crop", (28, 512)), ("fixed_batch", (16, 672))])
+def test_search_treats_out_of_memory_as_does_not_fit(tmp_path, mode, expected):
+    args = parse_args(["--body", "resnext101", "--norm", "iabn", "--mode", mode, "--crop",
+                       "512", "--batch", "16", "--budget-mib", "1", "--out",
+                       str(tmp_path / "p.json")])
+    # a + b * pixels with room for exactly 28 crops of 512^2 = 16 crops of 677^2
+    a, b = 1e9, 1e3
+    step = FakeStep(a, b, a + b * 28 * 512 ** 2)
+    capacity, measurements = search_capacity(step, args, budget=10 ** 15)
+    assert (capacity["crops"], capacity["crop_size"]) == expected
+    assert step.released == len(measurements) == capacity["probes"]
+    assert any(m["memory_bytes"] is None and not m["fits"] for m in measurements)
+
+
+def test_capacity_gain_is_the_papers_bracket():
+    # the paper's Cityscapes batches (Table 2, top)
+    rows = [("resnext101", "fixed_crop", "bn", 16, 512),
+            ("resnext101", "fixed_crop", "iabn", 28, 512),
+            ("resnext101", "fixed_batch", "bn", 16, 512),
+            ("resnext101", "fixed_batch", "iabn", 16, 672),
+            ("wideresnet38", "fixed_crop", "bn", 20, 512),
+            ("wideresnet38", "fixed_crop", "iabn", 28, 512)]
+    frame = pd.DataFrame([{"kind": "capacity", "body": b, "mode": m, "norm": n,
+                           "method": "allocation_search", "crops": c, "crop_size": s,
+                           "pixels": c * s * s, "capacity_pixels": float("nan")}
+                          for b, m, n, c, s in rows]
+                         + [{"kind": "measurement", "body": "resnext101", "mode": "fixed_crop",
+                             "norm": "iabn", "crops": 99, "crop_size": 8, "pixels": 1}])
+    table = capacity_gain(frame)
+    gains = table.set_index(["body", "mode", "norm"])["gain_pct"]
+    assert gains[("resnext101", "fixed_crop", "iabn")] == pytest.approx(75.0)
+    assert gains[("resnext101", "fixed_batch", "iabn")] == pytest.approx(72.265625)
+    assert gains[("wideresnet38", "fixed_crop", "iabn")] == pytest.approx(40.0)
+    assert gains[("resnext101", "fixed_crop", "bn")] == 0
+    assert len(table) == len(rows)
+    with pytest.raises(ValueError, match="baseline='gn'"):
+        capacity_gain(frame, baseline="gn")
+
+
+def test_allocation_tracker_counts_live_and_peak_storages():
+    x = torch.ones(1000)
+    with AllocationTracker() as tracker:
+        y = x * 2  # 4000 bytes
+        z = y + 1  # 4000 bytes
+        view = z.view(10, 100)  # no new storage
+        z.add_(1)  # in place: no new storage
+        del y
+        w = z * 3  # 4000 bytes, y's freed
+    assert tracker.peak == 8000 and tracker.live == 8000
+    del z, view, w
+    assert tracker.live == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch", "1"], "--batch 1: training-mode BN"),
+    (["--crop", "100"], "--crop 100: must be a multiple of --crop-step 8"),
+    (["--budget-mib", "0"], "--budget-mib 0.0: must be > 0"),
+    (["--width", "0"], "--width 0.0: must be > 0"),
+    (["--fit-batches", "2", "2"], "--fit-batches 2 2: needs at least two distinct sizes"),
+    (["--fit-crops", "4", "16"], "--fit-crops 4 16: needs at least two distinct sizes >= 8"),
+    (["--mode", "fixed_size"], "invalid choice: 'fixed_size'"),
+])
+def test_bad_arguments_are_refused_by_name(tmp_path, capsys, args, message):
+    base = {"--body": "wideresnet38", "--norm": "bn", "--mode": "fixed_crop",
+            "--budget-mib": "100"}
+    for flag, value in base.items():
+        if flag not in args:
+            args = [*args, flag, value]
+    with pytest.raises(SystemExit) as exit:
+        parse_args([*args, "--out", str(tmp_path / "p.json")])
+    assert exit.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_method_defaults_to_fit_on_the_cpu(tmp_path):
+    args = parse_args(["--body", "wideresnet38", "--norm", "bn", "--mode", "fixed_batch",
+                       "--budget-mib", "100", "--out", str(tmp_path / "p.json")])
+    assert args.method == "fit" and args.fit_crops == [128, 256, 384]
+
+
+# --------------------------------------------------------------------------- real points
+@pytest.fixture(scope="module")
+def artifact_set(tmp_path_factory):
+    """Tiny real points (measured in parallel): both methods, aggregated into one run."""
+    root = tmp_path_factory.mktemp("artifacts")
+    jobs = []
+    for name, args in {**POINTS, **SEARCHES}.items():
+        out = Path(paths.point_json(EXPERIMENT, RUN, name, root))
+        jobs.append(subprocess.Popen(
+            [sys.executable, "-m", f"experiments.{EXPERIMENT}", *args, "--out", str(out)],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    for job in jobs:
+        _, err = job.communicate(timeout=600)
+        assert job.returncode == 0, err
+    aggregate.main([*(paths.point_json(EXPERIMENT, RUN, p, root) for p in POINTS),
+                    "--out", paths.aggregate_csv(EXPERIMENT, RUN, root)])
+    return root
+
+
+def load_point(root, name):
+    return json.loads(Path(paths.point_json(EXPERIMENT, RUN, name, root)).read_text())
+
+
+@pytest.mark.parametrize("name", [*POINTS, *SEARCHES])
+def test_a_point_writes_a_complete_artifact(artifact_set, name):
+    report = load_point(artifact_set, name)
+    config, results = report["config"], report["results"]
+    search = name.startswith("search")
+    assert config["method"] == METHODS["search" if search else "fit"]
+    assert config["memory"] == "cpu_tracked_storages"
+    assert config["budget_bytes"] == 8 * MIB
+    assert (config["inplace_abn_layers"] > 0) == (config["norm"] == "iabn")
+    assert [r["kind"] for r in results] == ["capacity"] + ["measurement"] * (len(results) - 1)
+    capacity, measurements = results[0], results[1:]
+    assert capacity["pixels"] == capacity["crops"] * capacity["crop_size"] ** 2
+    assert capacity["probes"] == len(measurements) >= 2
+    for m in measurements:
+        assert m["pixels"] == m["crops"] * m["crop_size"] ** 2
+        assert m["fits"] == (m["memory_bytes"] <= config["budget_bytes"])
+    if search:
+        fitting = [m["crops"] for m in measurements if m["fits"]]
+        failing = [m["crops"] for m in measurements if not m["fits"]]
+        assert capacity["crops"] == max(fitting) == min(failing) - 1
+    else:
+        assert capacity["bytes_per_pixel"] > 0 and capacity["intercept_bytes"] > 0
+        assert all(0 < m["saved_bytes"] < m["memory_bytes"] for m in measurements)
+        # memory is affine in the pixels: the fit is exact up to rounding
+        assert capacity["fit_max_residual_bytes"] < 1e-3 * capacity["intercept_bytes"]
+    assert report["environment"]["device"] == "cpu"
+
+
+@pytest.mark.parametrize("norm", ["bn", "iabn"])
+def test_fit_and_search_agree(artifact_set, norm):
+    fit = load_point(artifact_set, f"resnext101_{norm}_fixed_crop")["results"][0]
+    search = load_point(artifact_set, f"search_{norm}")["results"][0]
+    assert fit["crops"] == search["crops"] >= MIN_CROPS
+
+
+def test_inplace_abn_fits_more_in_the_same_budget(artifact_set):
+    frame = pd.read_csv(paths.aggregate_csv(EXPERIMENT, RUN, artifact_set))
+    table = capacity_gain(frame).set_index(["mode", "norm"])
+    for mode in ("fixed_crop", "fixed_batch"):
+        assert table.loc[(mode, "iabn"), "gain_pct"] > 0, mode
+        assert table.loc[(mode, "iabn"), "fit_gain_pct"] > 20, mode
+    bytes_per_pixel = frame[frame["kind"] == "capacity"].groupby("norm")["bytes_per_pixel"].mean()
+    assert bytes_per_pixel["iabn"] < 0.8 * bytes_per_pixel["bn"]
+
+
+def test_notebook_renders_figure_and_table(artifact_set, tmp_path):
+    out = tmp_path / "figures"
+    status = render.main([str(ROOT / "figures" / f"{EXPERIMENT}.ipynb"), "--run", RUN,
+                          "--artifacts", str(artifact_set), "--out", str(out)])
+    assert status == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        f"{EXPERIMENT}.{s}" for s in ("md", "pdf", "png", "tex"))
+    assert (out / f"{EXPERIMENT}.png").read_bytes().startswith(b"\x89PNG")
+    assert (out / f"{EXPERIMENT}.pdf").read_bytes().startswith(b"%PDF")
+    markdown = (out / f"{EXPERIMENT}.md").read_text()
+    assert "| INPLACE-ABN, FIXED CROP |" in markdown and "ResNeXt-101" in markdown
+    assert "%]" in markdown  # the bracket
+    assert "\\begin{tabular}" in (out / f"{EXPERIMENT}.tex").read_text()
