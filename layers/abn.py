@@ -90,7 +90,7 @@ class InPlaceABN(ABN):
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
                  track_running_stats=True, activation="leaky_relu", activation_param=None,
-                 scale_mode="abs", variant="I", device=None, dtype=None):
+                 scale_mode="abs", variant="II", device=None, dtype=None):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, activation,
                          activation_param, scale_mode, device, dtype)
         functional.check_choice("variant", variant, functional.VARIANTS)
@@ -119,7 +119,7 @@ class InPlaceABNSync(InPlaceABN):
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
                  track_running_stats=True, activation="leaky_relu", activation_param=None,
-                 scale_mode="abs", variant="I", group=None, device=None, dtype=None):
+                 scale_mode="abs", variant="II", group=None, device=None, dtype=None):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, activation,
                          activation_param, scale_mode, variant, device, dtype)
         self.group = group

@@ -383,3 +383,18 @@ def test_numba_loops_follow_torch_threads():
         assert numba.get_num_threads() == 1 and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+@kernels
+@pytest.mark.parametrize("activation,param", [("leaky_relu", 0.01), ("elu", 1.0)])
+def test_many_channels_match_composite(activation, param):
+    """Enough channels per thread for the CPU kernels' fused statistics + output pass."""
+    channels = 4 * 8 * max(1, torch.get_num_threads())
+    generator = torch.Generator().manual_seed(7)
+    layer = layers.InPlaceABN(channels, activation=activation, activation_param=param).double()
+    with torch.no_grad():
+        layer.weight.uniform_(-2, 2, generator=generator)
+        layer.bias.normal_(generator=generator)
+    x = torch.randn(3, channels, 5, dtype=torch.float64, generator=generator) * 3 + 100
+    check_against_reference(layer, x, torch.randn(x.shape, dtype=torch.float64,
+                                                  generator=generator))

@@ -6,6 +6,7 @@ Two modules implement one API on the canonical views of :mod:`layers.kernels.com
 
     moments(x) -> (2, C) float64                      # per-channel [mean, M2]
     forward(x, out, a, b, act, slope)                 # out = act(x * a + b), out may be x
+    moments_forward(x, out, gamma, beta, eps, act, slope) -> (2, C)  # both, batch statistics
     backward_reduce(z, dz, x, p, q, act, slope, mode) -> (2, C) float64  # [sum dy, sum dy*v]
     backward_input(z, dz, x, p, q, coef, act, slope, mode, out)  # out = dy*k0 + v*k1 + k2
 

@@ -23,11 +23,14 @@ Threads: the loops run on as many threads as ``torch.get_num_threads()`` (at mos
 
 All functions compile lazily on first use and are cached on disk (``cache=True``).
 """
+import sys
+
 import numba
 import numpy as np
 import torch
 
 from . import common
+from .compose import compose_moments_forward
 from .common import ACT_ELU, ACT_IDENTITY, ACT_LEAKY_RELU, MODE_XHAT_FROM_X, MODE_XHAT_FROM_Y, \
     MODE_Y
 
@@ -75,6 +78,32 @@ def _backward_value(z, x, p, q, act, slope, floor, mode):
 
 
 # --------------------------------------------------------------------------- moments
+#: Elements summed in the data's own precision before the partial sum joins the float64 total.
+_BLOCK = 512
+
+
+@_jit_scalar
+def _shifted_row_sums(x, i, j, k):
+    """``(sum(d), sum(d * d))`` over row ``x[i, j, :]`` with ``d = x - k``, in float64.
+
+    ``k`` (a sample of the channel, in the data's dtype) removes the mean's magnitude first;
+    blocks of ``_BLOCK`` elements are then summed in the data's dtype, which vectorises at full
+    width, and the block sums are added up in float64.
+    """
+    s1 = 0.0
+    s2 = 0.0
+    for start in range(0, x.shape[2], _BLOCK):
+        b1 = k - k
+        b2 = k - k
+        for t in range(start, min(start + _BLOCK, x.shape[2])):
+            d = x[i, j, t] - k
+            b1 += d
+            b2 += d * d
+        s1 += b1
+        s2 += b2
+    return s1, s2
+
+
 @_parallel_reduction
 def _moments_ncs(x):
     n, c, s = x.shape
@@ -84,15 +113,7 @@ def _moments_ncs(x):
     partial = np.zeros((2, n, c), np.float64)
     for row in numba.prange(n * c):
         i, j = row // c, row % c
-        k = shift[j]
-        s1 = 0.0
-        s2 = 0.0
-        for t in range(s):
-            d = x[i, j, t] - k
-            s1 += d
-            s2 += d * d
-        partial[0, i, j] = s1
-        partial[1, i, j] = s2
+        partial[0, i, j], partial[1, i, j] = _shifted_row_sums(x, i, j, x[0, j, 0])
     return _finish_moments(partial, shift, n * s)
 
 
@@ -188,6 +209,30 @@ def _input_rows(act, mode, args):
 
 
 # --------------------------------------------------------------------------- kernels
+@_parallel_reduction
+def _moments_forward_ncs(x, out, gamma, beta, eps, act, slope, coef):
+    """Per channel: the statistics, then the output while the channel is still in cache."""
+    n, c, s = x.shape
+    result = np.empty((2, c), np.float64)
+    for j in numba.prange(c):
+        s1 = 0.0
+        s2 = 0.0
+        for i in range(n):
+            r1, r2 = _shifted_row_sums(x, i, j, x[0, j, 0])
+            s1 += r1
+            s2 += r2
+        mean = x[0, j, 0] + s1 / (n * s)
+        m2 = max(s2 - s1 * s1 / (n * s), 0.0)
+        result[0, j] = mean
+        result[1, j] = m2
+        scale = gamma[j] / np.sqrt(m2 / (n * s) + eps)
+        coef[0, j] = scale  # through coef, a and b take the data's dtype
+        coef[1, j] = beta[j] - mean * scale
+        for i in range(n):
+            _specialized(_forward_row, act, MODE_Y, (x, out, i, j, coef[0, j], coef[1, j], slope))
+    return result
+
+
 @_parallel
 def _forward_ncs(x, out, a, b, act, slope):
     n, c, _ = x.shape
@@ -281,6 +326,23 @@ def moments(x):
     if x.dim() == 3:
         return torch.from_numpy(_moments_ncs(_np(x)))
     return torch.from_numpy(_moments_mc(_np(x), _chunks(x.shape[0])))
+
+
+def moments_forward(x, out, gamma, beta, eps, act, slope):
+    """``moments(x)``, and ``out = act(gamma * (x - mean) / sqrt(var + eps) + beta)``.
+
+    The training forward in one call: with enough channels for every thread, each channel's
+    statistics and output are computed back to back while its data is in cache, so the input
+    is read from memory about once instead of twice. ``gamma``, ``beta``: float64 ``(C,)``.
+    """
+    _follow_torch_threads()
+    if x.dim() != 3 or x.shape[1] < 4 * numba.get_num_threads():
+        return compose_moments_forward(sys.modules[__name__], x, out, gamma, beta, eps, act,
+                                       slope)
+    xa = _np(x)
+    coef = np.empty((2, x.shape[1]), xa.dtype)
+    return torch.from_numpy(_moments_forward_ncs(xa, _np(out), _np(gamma), _np(beta),
+                                                 float(eps), act, _scalar(slope, xa), coef))
 
 
 def forward(x, out, a, b, act, slope):

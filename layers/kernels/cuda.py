@@ -66,6 +66,7 @@ from numba import cuda
 
 from . import common
 from .common import MODE_XHAT_FROM_X, MODE_XHAT_FROM_Y
+from .compose import compose_moments_forward
 
 #: Whether numba.cuda is the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1`` before its import).
 SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
@@ -451,6 +452,11 @@ def moments(x):
     count = float(x.numel() // x.shape[1])
     _launch(_finish_moments, *_finish_grid(x.shape[1]), x.device, partials, count, out)
     return out
+
+
+def moments_forward(x, out, gamma, beta, eps, act, slope):
+    """``moments(x)`` then the normalized, activated ``out`` (3 launches; see ``cpu.py``)."""
+    return compose_moments_forward(sys.modules[__name__], x, out, gamma, beta, eps, act, slope)
 
 
 def forward(x, out, a, b, act, slope):

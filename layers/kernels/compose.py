@@ -1,0 +1,16 @@
+"""Backend operations written with a backend's own primitives (shared by cpu.py and cuda.py)."""
+import torch
+
+
+def compose_moments_forward(kernels, x, out, gamma, beta, eps, act, slope):
+    """``moments_forward`` as ``kernels.moments`` followed by ``kernels.forward``.
+
+    Returns the ``(2, C)`` float64 ``[mean, M2]`` and writes
+    ``out = act(gamma * (x - mean) / sqrt(M2 / count + eps) + beta)``.
+    """
+    moments = kernels.moments(x)
+    count = x.numel() // x.shape[1 if x.dim() == 3 else -1]
+    scale = gamma * torch.rsqrt(moments[1] / count + eps)
+    shift = beta - moments[0] * scale
+    kernels.forward(x, out, scale.to(x.dtype), shift.to(x.dtype), act, slope)
+    return moments
