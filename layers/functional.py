@@ -12,7 +12,7 @@ the activation (Algorithm 2), in one of the paper's two ways:
   gradients are taken in ``x_hat``;
 * ``variant="II"`` (Fig. 2(e), §3.3; the default): the gradients are written directly in
   ``y``, which folds the inversion of the affine step into per-channel constants. It was the
-  faster of the two in 3 of 4 CPU runs of ``python -m experiments.bench_kernels`` (by 2-6%;
+  faster of the two in 4 of 5 CPU runs of ``python -m experiments.bench_kernels`` (by 1-6%;
   both make the same passes over memory).
 
 Scale parametrization (``scale_mode``): with ``"abs"`` (the default, as in the authors' release)
