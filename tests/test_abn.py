@@ -327,6 +327,29 @@ def test_float32_against_float64_reference(variant):
         torch.testing.assert_close(a.double(), e, atol=2e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("cls,variant", [(layers.ABN, None), (layers.InPlaceABN, "I"),
+                                         (layers.InPlaceABN, "II")])
+def test_float32_long_rows_many_channels(cls, variant):
+    """float32 rows of several summation blocks plus a tail, on the CPU's fused forward.
+
+    The CPU kernels sum blocks of 512 elements in the data's precision; the rows here are
+    two blocks and a remainder long and sit on a mean of 50, against the float64 composite.
+    Not marked ``kernels`` (too slow under the CUDA simulator).
+    """
+    channels = 4 * 8 * max(1, torch.get_num_threads())
+    kwargs = {} if variant is None else {"variant": variant}
+    layer = make_layer(cls, channels=channels, dtype=torch.float32, **kwargs)
+    reference = make_layer(cls, channels=channels, **kwargs)
+    x, grad = random_input((2, channels, 2 * 512 + 37))
+    x = x + 50
+    expected = reference_step(x, reference.weight, reference.bias, reference.running_mean.clone(),
+                              reference.running_var.clone(), grad)
+    actual = run_layer(layer, x.float(), grad.float())
+    for name, a, e in zip(("output", "input grad", "weight grad", "bias grad"), actual, expected):
+        torch.testing.assert_close(a.double(), e, atol=1e-3, rtol=1e-4,
+                                   msg=lambda m: f"{name}: {m}")
+
+
 # --------------------------------------------------------------------------- bad input
 def non_leaf(shape=(2, 3, 4), dtype=torch.float32):
     return torch.randn(shape, dtype=dtype, requires_grad=True) * 1

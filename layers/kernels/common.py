@@ -62,13 +62,17 @@ def act_forward(y, act, slope):
 
 
 def act_inverse(z, act, slope, floor):
-    """``y = act^-1(z)`` for the invertible activations; ``floor``: see ``elu_saturated_y``."""
+    """``y = act^-1(z)`` for the invertible activations; ``floor``: see ``elu_saturated_y``.
+
+    ``z > 0`` is the same test as in ``act_grad`` (both branches give 0 at ``z == 0``), so a
+    loop that needs both evaluates it once.
+    """
     if act == ACT_IDENTITY:
         return z
     if act == ACT_LEAKY_RELU:
-        return z if z >= 0 else z / slope
+        return z if z > 0 else z / slope
     t = z / slope
-    if z >= 0:
+    if z > 0:
         return z
     return math.log1p(t) if t > -1 else floor
 

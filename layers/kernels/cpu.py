@@ -7,16 +7,19 @@ Each takes torch CPU tensors in one of the canonical views of :mod:`layers.kerne
 (3-D ``(N, C, S)`` or 2-D channels-last ``(M, C)``) and works on them zero-copy through
 ``Tensor.numpy()``.
 
-Every element-wise loop reads and writes memory once: the forward costs one read for the
-statistics and one read plus one write for the output, the backward two reads for the
-reductions and two reads plus one write for the input gradient. Reductions accumulate in
-float64; the statistics subtract a per-channel sample value first (shifted sums), so a large
-mean does not cancel the variance in float32.
+Memory traffic: in training, the in-place forward reads each channel once and writes it
+once (statistics and output back to back per channel, the second read hitting cache); the
+backward makes two reads for the reductions and two reads plus one write for the input
+gradient. Fusing the two backward passes per channel was measured not to help. Sums are taken
+over blocks of the data's precision and the block sums added in float64; the statistics
+subtract a per-channel sample value first (shifted sums), so a large mean does not cancel the
+variance in float32.
 
 Speed: the inner loops are compiled once per (activation, backward mode) pair with both as
 constants (:func:`_specialized`), so LLVM sees straight-line, branch-free loop bodies that it
 vectorises; with the activation and mode as run-time values it does not, and the loops run
-several times slower.
+several times slower. In-place kernels read and write one array argument (two arguments that
+alias defeat vectorisation, see ``_target``).
 
 Threads: the loops run on as many threads as ``torch.get_num_threads()`` (at most
 ``NUMBA_NUM_THREADS``), so ``torch.set_num_threads`` governs both libraries.
@@ -28,6 +31,8 @@ import sys
 import numba
 import numpy as np
 import torch
+from numba.core import types
+from numba.extending import overload
 
 from . import common
 from .compose import compose_moments_forward
@@ -77,14 +82,31 @@ def _backward_value(z, x, p, q, act, slope, floor, mode):
     return u if mode == MODE_Y else u * p + q
 
 
-# --------------------------------------------------------------------------- moments
+# --------------------------------------------------------------------------- rows
+# The NCS kernels hand their loop bodies 1-D row views ``x[i, j]``. Sums run over blocks of
+# ``_BLOCK`` elements taken as slices: a loop over a whole slice vectorises at full width,
+# while one over ``range(start, min(start + _BLOCK, size))`` runs about half as fast.
 #: Elements summed in the data's own precision before the partial sum joins the float64 total.
 _BLOCK = 512
 
 
+def _target(out, x):
+    """The array a kernel writes: ``out``, or ``x`` itself when ``out`` is None (in place)."""
+
+
+@overload(_target, inline="always")
+def _target_overload(out, x):
+    # In place, the rows read and written are then one and the same value, which LLVM
+    # vectorises directly; two argument arrays that happen to alias fail its run-time overlap
+    # check and run the scalar loop, about 3x slower.
+    if isinstance(out, (types.NoneType, types.Omitted)):
+        return lambda out, x: x
+    return lambda out, x: out
+
+
 @_jit_scalar
-def _shifted_row_sums(x, i, j, k):
-    """``(sum(d), sum(d * d))`` over row ``x[i, j, :]`` with ``d = x - k``, in float64.
+def _shifted_row_sums(row, k):
+    """``(sum(d), sum(d * d))`` over a 1-D ``row`` with ``d = row - k``, in float64.
 
     ``k`` (a sample of the channel, in the data's dtype) removes the mean's magnitude first;
     blocks of ``_BLOCK`` elements are then summed in the data's dtype, which vectorises at full
@@ -92,16 +114,23 @@ def _shifted_row_sums(x, i, j, k):
     """
     s1 = 0.0
     s2 = 0.0
-    for start in range(0, x.shape[2], _BLOCK):
+    for start in range(0, row.size, _BLOCK):
+        block = row[start:start + _BLOCK]
         b1 = k - k
         b2 = k - k
-        for t in range(start, min(start + _BLOCK, x.shape[2])):
-            d = x[i, j, t] - k
+        for t in range(block.size):
+            d = block[t] - k
             b1 += d
             b2 += d * d
         s1 += b1
         s2 += b2
     return s1, s2
+
+
+@numba.njit(cache=True)
+def _finish_moments(s1, s2, shift, count):
+    """``(mean, M2)`` from sums ``s1``, ``s2`` of ``x - shift`` over ``count`` elements."""
+    return shift + s1 / count, np.maximum(s2 - s1 * s1 / count, 0.0)
 
 
 @_parallel_reduction
@@ -113,8 +142,11 @@ def _moments_ncs(x):
     partial = np.zeros((2, n, c), np.float64)
     for row in numba.prange(n * c):
         i, j = row // c, row % c
-        partial[0, i, j], partial[1, i, j] = _shifted_row_sums(x, i, j, x[0, j, 0])
-    return _finish_moments(partial, shift, n * s)
+        partial[0, i, j], partial[1, i, j] = _shifted_row_sums(x[i, j], x[0, j, 0])
+    out = np.empty((2, c), np.float64)
+    out[0], out[1] = _finish_moments(partial[0].sum(axis=0), partial[1].sum(axis=0), shift,
+                                     n * s)
+    return out
 
 
 @_parallel_reduction
@@ -130,29 +162,20 @@ def _moments_mc(x, chunks):
                 d = x[r, j] - shift[j]
                 partial[0, b, j] += d
                 partial[1, b, j] += d * d
-    return _finish_moments(partial, shift, m)
-
-
-@numba.njit(cache=True)
-def _finish_moments(partial, shift, count):
-    """Combine shifted partial sums (2, blocks, C) into ``[mean, M2]`` per channel."""
-    s1 = partial[0].sum(axis=0)
-    s2 = partial[1].sum(axis=0)
-    out = np.empty((2, shift.shape[0]), np.float64)
-    out[0] = shift + s1 / count
-    out[1] = np.maximum(s2 - s1 * s1 / count, 0.0)
+    out = np.empty((2, c), np.float64)
+    out[0], out[1] = _finish_moments(partial[0].sum(axis=0), partial[1].sum(axis=0), shift, m)
     return out
 
 
 # --------------------------------------------------------------------------- loop bodies
-# Each body handles one row of the (N, C, S) view or one block of rows of the (M, C) view;
-# ``args`` packs its operands so that ``_specialized`` can forward them.
+# Each body handles one row of the (N, C, S) view (as 1-D row views) or one block of rows of
+# the (M, C) view; ``args`` packs its operands so that ``_specialized`` can forward them.
 
 @_jit_scalar
 def _forward_row(act, mode, args):
-    x, out, i, j, a, b, slope = args
-    for t in range(x.shape[2]):
-        out[i, j, t] = _act_forward(x[i, j, t] * a + b, act, slope)
+    src, dst, a, b, slope = args
+    for t in range(src.size):
+        dst[t] = _act_forward(src[t] * a + b, act, slope)
 
 
 @_jit_scalar
@@ -165,14 +188,20 @@ def _forward_rows(act, mode, args):
 
 @_jit_scalar
 def _reduce_row(act, mode, args):
-    z, dz, x, i, j, p, q, slope, floor = args
+    z, dz, x, p, q, slope, floor = args
     s0 = 0.0
     s1 = 0.0
-    for t in range(z.shape[2]):
-        zt = z[i, j, t]
-        dy = _act_grad(zt, dz[i, j, t], act, slope)
-        s0 += dy
-        s1 += dy * _backward_value(zt, x[i, j, t], p, q, act, slope, floor, mode)
+    for start in range(0, z.size, _BLOCK):
+        zb, dzb, xb = z[start:start + _BLOCK], dz[start:start + _BLOCK], x[start:start + _BLOCK]
+        b0 = slope - slope  # block sums in the data's dtype, as in _shifted_row_sums
+        b1 = slope - slope
+        for t in range(zb.size):
+            zt = zb[t]
+            dy = _act_grad(zt, dzb[t], act, slope)
+            b0 += dy
+            b1 += dy * _backward_value(zt, xb[t], p, q, act, slope, floor, mode)
+        s0 += b0
+        s1 += b1
     return s0, s1
 
 
@@ -189,12 +218,12 @@ def _reduce_rows(act, mode, args):
 
 @_jit_scalar
 def _input_row(act, mode, args):
-    z, dz, x, i, j, p, q, k0, k1, k2, slope, floor, out = args
-    for t in range(z.shape[2]):
-        zt = z[i, j, t]
-        dy = _act_grad(zt, dz[i, j, t], act, slope)
-        v = _backward_value(zt, x[i, j, t], p, q, act, slope, floor, mode)
-        out[i, j, t] = dy * k0 + v * k1 + k2
+    z, dz, x, p, q, k0, k1, k2, slope, floor, out = args
+    for t in range(z.size):
+        zt = z[t]
+        dy = _act_grad(zt, dz[t], act, slope)
+        v = _backward_value(zt, x[t], p, q, act, slope, floor, mode)
+        out[t] = dy * k0 + v * k1 + k2
 
 
 @_jit_scalar
@@ -210,43 +239,45 @@ def _input_rows(act, mode, args):
 
 # --------------------------------------------------------------------------- kernels
 @_parallel_reduction
-def _moments_forward_ncs(x, out, gamma, beta, eps, act, slope, coef):
-    """Per channel: the statistics, then the output while the channel is still in cache."""
+def _moments_forward_ncs_inplace(x, gamma, beta, eps, act, slope, coef):
+    """Per channel: the statistics, then the output in place while the channel is in cache."""
     n, c, s = x.shape
     result = np.empty((2, c), np.float64)
     for j in numba.prange(c):
         s1 = 0.0
         s2 = 0.0
         for i in range(n):
-            r1, r2 = _shifted_row_sums(x, i, j, x[0, j, 0])
+            r1, r2 = _shifted_row_sums(x[i, j], x[0, j, 0])
             s1 += r1
             s2 += r2
-        mean = x[0, j, 0] + s1 / (n * s)
-        m2 = max(s2 - s1 * s1 / (n * s), 0.0)
+        mean, m2 = _finish_moments(s1, s2, x[0, j, 0], n * s)
         result[0, j] = mean
         result[1, j] = m2
         scale = gamma[j] / np.sqrt(m2 / (n * s) + eps)
         coef[0, j] = scale  # through coef, a and b take the data's dtype
         coef[1, j] = beta[j] - mean * scale
         for i in range(n):
-            _specialized(_forward_row, act, MODE_Y, (x, out, i, j, coef[0, j], coef[1, j], slope))
+            row = x[i, j]
+            _specialized(_forward_row, act, MODE_Y, (row, row, coef[0, j], coef[1, j], slope))
     return result
 
 
 @_parallel
 def _forward_ncs(x, out, a, b, act, slope):
     n, c, _ = x.shape
+    dst = _target(out, x)
     for row in numba.prange(n * c):
         i, j = row // c, row % c
-        _specialized(_forward_row, act, MODE_Y, (x, out, i, j, a[j], b[j], slope))
+        _specialized(_forward_row, act, MODE_Y, (x[i, j], dst[i, j], a[j], b[j], slope))
 
 
 @_parallel
 def _forward_mc(x, out, a, b, act, slope, chunks):
     m = x.shape[0]
+    dst = _target(out, x)
     for blk in numba.prange(chunks):
         start, stop = blk * m // chunks, (blk + 1) * m // chunks
-        _specialized(_forward_rows, act, MODE_Y, (x, out, start, stop, a, b, slope))
+        _specialized(_forward_rows, act, MODE_Y, (x, dst, start, stop, a, b, slope))
 
 
 @_parallel_reduction
@@ -256,7 +287,7 @@ def _backward_reduce_ncs(z, dz, x, p, q, act, slope, floor, mode):
     for row in numba.prange(n * c):
         i, j = row // c, row % c
         s0, s1 = _specialized(_reduce_row, act, mode,
-                              (z, dz, x, i, j, p[j], q[j], slope, floor))
+                              (z[i, j], dz[i, j], x[i, j], p[j], q[j], slope, floor))
         partial[0, i, j] = s0
         partial[1, i, j] = s1
     return partial.sum(axis=1)
@@ -278,8 +309,9 @@ def _backward_input_ncs(z, dz, x, p, q, coef, act, slope, floor, mode, out):
     n, c, _ = z.shape
     for row in numba.prange(n * c):
         i, j = row // c, row % c
-        _specialized(_input_row, act, mode, (z, dz, x, i, j, p[j], q[j], coef[0, j],
-                                             coef[1, j], coef[2, j], slope, floor, out))
+        _specialized(_input_row, act, mode,
+                     (z[i, j], dz[i, j], x[i, j], p[j], q[j], coef[0, j], coef[1, j],
+                      coef[2, j], slope, floor, out[i, j]))
 
 
 @_parallel
@@ -295,6 +327,11 @@ def _backward_input_mc(z, dz, x, p, q, coef, act, slope, floor, mode, out, chunk
 def _np(t):
     """Zero-copy numpy view of a CPU tensor."""
     return t.detach().numpy()
+
+
+def _output(out, x):
+    """``out`` as a kernel's output argument: None when it is ``x`` itself (in place)."""
+    return None if out.data_ptr() == x.data_ptr() else _np(out)
 
 
 def _follow_torch_threads():
@@ -331,25 +368,30 @@ def moments(x):
 def moments_forward(x, out, gamma, beta, eps, act, slope):
     """``moments(x)``, and ``out = act(gamma * (x - mean) / sqrt(var + eps) + beta)``.
 
-    The training forward in one call: with enough channels for every thread, each channel's
-    statistics and output are computed back to back while its data is in cache, so the input
-    is read from memory about once instead of twice. ``gamma``, ``beta``: float64 ``(C,)``.
+    The training forward in one call. In place, with enough channels for every thread, each
+    channel's statistics and output are computed back to back while its data is in cache, so
+    the input is read from memory once instead of twice (measured: about as fast as a copy of
+    the tensor). Out of place, or with few channels, the two passes run one after the other:
+    writing a second tensor channel by channel measured slower than the row-wise ``forward``.
+    ``gamma``, ``beta``: float64 ``(C,)``.
     """
     _follow_torch_threads()
-    if x.dim() != 3 or x.shape[1] < 4 * numba.get_num_threads():
+    fused = (x.dim() == 3 and out.data_ptr() == x.data_ptr()
+             and x.shape[1] >= 4 * numba.get_num_threads())
+    if not fused:
         return compose_moments_forward(sys.modules[__name__], x, out, gamma, beta, eps, act,
                                        slope)
     xa = _np(x)
     coef = np.empty((2, x.shape[1]), xa.dtype)
-    return torch.from_numpy(_moments_forward_ncs(xa, _np(out), _np(gamma), _np(beta),
-                                                 float(eps), act, _scalar(slope, xa), coef))
+    return torch.from_numpy(_moments_forward_ncs_inplace(xa, _np(gamma), _np(beta), float(eps),
+                                                         act, _scalar(slope, xa), coef))
 
 
 def forward(x, out, a, b, act, slope):
     """``out = act(x * a + b)`` per channel; ``out`` may be ``x`` itself."""
     _follow_torch_threads()
     xa = _np(x)
-    args = (xa, _np(out), _np(a), _np(b), act, _scalar(slope, xa))
+    args = (xa, _output(out, x), _np(a), _np(b), act, _scalar(slope, xa))
     if x.dim() == 3:
         _forward_ncs(*args)
     else:
