@@ -10,10 +10,11 @@ Each takes torch CPU tensors in one of the canonical views of :mod:`layers.kerne
 Memory traffic: in training, the in-place forward reads each channel once and writes it
 once (statistics and output back to back per channel, the second read hitting cache); the
 backward makes two reads for the reductions and two reads plus one write for the input
-gradient. Fusing the two backward passes per channel was measured not to help. Sums are taken
-over blocks of the data's precision and the block sums added in float64; the statistics
-subtract a per-channel sample value first (shifted sums), so a large mean does not cancel the
-variance in float32.
+gradient. Fusing the two backward passes per channel was measured not to help. In the
+``(N, C, S)`` view, sums are taken over blocks of ``_BLOCK`` elements in the data's precision
+and the block sums added in float64; the channels-last view accumulates each row chunk's sums
+in float64. The statistics subtract a per-channel sample value first (shifted sums), so a
+large mean does not cancel the variance in float32.
 
 Speed: the inner loops are compiled once per (activation, backward mode) pair with both as
 constants (:func:`_specialized`), so LLVM sees straight-line, branch-free loop bodies that it
