@@ -103,13 +103,14 @@ def run(args):
     return config, results
 
 
+def summarize(config, results):
+    """One line per layout and pass: the median time."""
+    return "\n".join(f"{r['layout']:<16}{r['pass']:<18}{r['median_s'] * 1e3:10.3f} ms"
+                     for r in results)
+
+
 def main(argv=None):
-    args = parse_args(argv)
-    config, results = run(args)
-    point.write(args, EXPERIMENT, config, results)
-    for r in results:
-        print(f"{r['layout']:<16}{r['pass']:<18}{r['median_s'] * 1e3:10.3f} ms")
-    print(f"wrote {args.out}")
+    point.main(EXPERIMENT, parse_args, run, summarize, argv)
 
 
 if __name__ == "__main__":

@@ -123,15 +123,15 @@ def run(args):
     return config, [record], report
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    config, results, report = run(args)
-    point.write(args, EXPERIMENT, config, results)
+def summarize(config, results, report):
+    """The measurement's summary, or the out-of-memory error."""
     if report is None:
-        print(f"{args.impl} depth {args.depth}: out of memory ({results[0]['error']})")
-    else:
-        print(measure.format_summary(report))
-    print(f"wrote {args.out}")
+        return f"{config['impl']} depth {config['depth']}: out of memory ({results[0]['error']})"
+    return measure.format_summary(report)
+
+
+def main(argv=None):
+    point.main(EXPERIMENT, parse_args, run, summarize, argv)
 
 
 if __name__ == "__main__":

@@ -64,15 +64,18 @@ def run(args):
     return config, results
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    config, results = run(args)
-    point.write(args, EXPERIMENT, config, results)
+def summarize(config, results):
+    """One line per implementation: the median time, and its ratio to naive if measured."""
     naive = next((r["median_s"] for r in results if r["impl"] == "naive"), None)
+    lines = []
     for r in results:
         ratio = "" if naive is None else f"  {r['median_s'] / naive:5.2f}x naive"
-        print(f"{r['impl']:<12}{r['median_s'] * 1e3:10.1f} ms{ratio}")
-    print(f"wrote {args.out}")
+        lines.append(f"{r['impl']:<12}{r['median_s'] * 1e3:10.1f} ms{ratio}")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    point.main(EXPERIMENT, parse_args, run, summarize, argv)
 
 
 if __name__ == "__main__":

@@ -124,14 +124,14 @@ def run(args):
     return config, results
 
 
+def summarize(config, results):
+    """One line per strategy: the median time and the buffers saved for backward."""
+    return "\n".join(f"{r['strategy']:<22}{r['median_s'] * 1e3:10.3f} ms  "
+                     f"{r['saved_buffers']:6.3f} buffers saved" for r in results)
+
+
 def main(argv=None):
-    args = parse_args(argv)
-    config, results = run(args)
-    point.write(args, EXPERIMENT, config, results)
-    for r in results:
-        print(f"{r['strategy']:<22}{r['median_s'] * 1e3:10.3f} ms  "
-              f"{r['saved_buffers']:6.3f} buffers saved")
-    print(f"wrote {args.out}")
+    point.main(EXPERIMENT, parse_args, run, summarize, argv)
 
 
 if __name__ == "__main__":

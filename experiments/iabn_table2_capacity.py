@@ -73,7 +73,6 @@ post-activation layout (in which InPlace-ABN can drop fewer buffers: :mod:`layer
 import functools
 import gc
 import math
-import sys
 import time
 import weakref
 
@@ -517,15 +516,15 @@ def run(args):
     return config, results
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    config, results = run(args)
-    point.write(args, EXPERIMENT, config, results)
+def summarize(config, results):
+    """The capacity found: crops of which size within the budget."""
     capacity = results[0]
-    print(f"{config['body']} {config['norm']} {config['mode']} ({config['method']}): "
-          f"{capacity['crops']} x {capacity['crop_size']}^2 within {args.budget_mib:g} MiB",
-          file=sys.stderr)
-    print(f"wrote {args.out}")
+    return (f"{config['body']} {config['norm']} {config['mode']} ({config['method']}): "
+            f"{capacity['crops']} x {capacity['crop_size']}^2 within {config['budget_mib']:g} MiB")
+
+
+def main(argv=None):
+    point.main(EXPERIMENT, parse_args, run, summarize, argv)
 
 
 if __name__ == "__main__":

@@ -88,4 +88,18 @@ def write(args, experiment, config, results):
     return report
 
 
-__all__ = ["DTYPES", "SEED", "parser", "check", "setup", "shared_config", "write"]
+def main(experiment, parse_args, run, summarize, argv=None):
+    """An experiment's command line: parse ``argv``, run the point, write its artifact, and
+    print ``summarize(config, results, *extra)`` and where the artifact went.
+
+    ``run(args)`` returns ``(config, results, *extra)``; ``extra`` (e.g. a fuller report than
+    the artifact keeps) only goes to ``summarize``, which returns the text to print.
+    """
+    args = parse_args(argv)
+    config, results, *extra = run(args)
+    write(args, experiment, config, results)
+    print(summarize(config, results, *extra))
+    print(f"wrote {args.out}")
+
+
+__all__ = ["DTYPES", "SEED", "parser", "check", "setup", "shared_config", "write", "main"]
