@@ -327,14 +327,15 @@ def test_float32_against_float64_reference(variant):
         torch.testing.assert_close(a.double(), e, atol=2e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("channels_last", [False, True], ids=["ncs", "channels_last"])
 @pytest.mark.parametrize("cls,variant", [(layers.ABN, None), (layers.InPlaceABN, "I"),
                                          (layers.InPlaceABN, "II")])
-def test_float32_long_rows_many_channels(cls, variant):
-    """float32 rows of several summation blocks plus a tail, on the CPU's fused forward.
+def test_float32_long_rows_many_channels(cls, variant, channels_last):
+    """float32 sums over several summation blocks plus a tail, on the CPU's fused forward.
 
-    The CPU kernels sum blocks of 512 elements in the data's precision; the rows here are
-    two blocks and a remainder long and sit on a mean of 50, against the float64 composite.
-    Not marked ``kernels`` (too slow under the CUDA simulator).
+    The CPU kernels sum blocks of 512 elements per channel in the data's precision; each
+    channel here holds four blocks and a remainder, on a mean of 50, against the float64
+    composite. Not marked ``kernels`` (too slow under the CUDA simulator).
     """
     channels = 4 * 8 * max(1, torch.get_num_threads())
     kwargs = {} if variant is None else {"variant": variant}
@@ -342,6 +343,8 @@ def test_float32_long_rows_many_channels(cls, variant):
     reference = make_layer(cls, channels=channels, **kwargs)
     x, grad = random_input((2, channels, 2 * 512 + 37))
     x = x + 50
+    if channels_last:  # the (M, C) kernels, with rows of channels
+        x, grad = (t.movedim(1, -1).contiguous().movedim(-1, 1) for t in (x, grad))
     expected = reference_step(x, reference.weight, reference.bias, reference.running_mean.clone(),
                               reference.running_var.clone(), grad)
     actual = run_layer(layer, x.float(), grad.float())

@@ -12,8 +12,8 @@ once (statistics and output back to back per channel, the second read hitting ca
 backward makes two reads for the reductions and two reads plus one write for the input
 gradient. Fusing the two backward passes per channel was measured not to help. In the
 ``(N, C, S)`` view, sums are taken over blocks of ``_BLOCK`` elements in the data's precision
-and the block sums added in float64; the channels-last view accumulates each row chunk's sums
-in float64. The statistics subtract a per-channel sample value first (shifted sums), so a
+and the block sums added in float64; the channels-last view does the same per channel over
+blocks of ``_BLOCK`` rows. The statistics subtract a per-channel sample value first (shifted sums), so a
 large mean does not cancel the variance in float32.
 
 Speed: the inner loops are compiled once per (activation, backward mode) pair with both as
@@ -150,21 +150,36 @@ def _moments_ncs(x):
     return out
 
 
+@_jit_scalar
+def _add_block_sums(totals, b0, b1):
+    """``totals[0] += b0``, ``totals[1] += b1`` (float64 totals of data-precision block sums)."""
+    for j in range(b0.size):
+        totals[0, j] += b0[j]
+        totals[1, j] += b1[j]
+
+
 @_parallel_reduction
 def _moments_mc(x, chunks):
     m, c = x.shape
-    shift = np.empty(c, np.float64)
-    for j in range(c):
-        shift[j] = x[0, j]
-    partial = np.zeros((2, chunks, c), np.float64)
-    for b in numba.prange(chunks):
-        for r in range(b * m // chunks, (b + 1) * m // chunks):
-            for j in range(c):
-                d = x[r, j] - shift[j]
-                partial[0, b, j] += d
-                partial[1, b, j] += d * d
+    shift = x[0].copy()  # in the data's dtype, so the subtraction stays in it
+    partial = np.zeros((chunks, 2, c), np.float64)
+    for blk in numba.prange(chunks):
+        start, stop = blk * m // chunks, (blk + 1) * m // chunks
+        b1 = np.empty(c, x.dtype)
+        b2 = np.empty(c, x.dtype)
+        for first in range(start, stop, _BLOCK):  # blocks of _BLOCK rows per channel
+            b1[:] = 0
+            b2[:] = 0
+            for r in range(first, min(first + _BLOCK, stop)):
+                row = x[r]
+                for j in range(c):
+                    d = row[j] - shift[j]
+                    b1[j] += d
+                    b2[j] += d * d
+            _add_block_sums(partial[blk], b1, b2)
+    sums = partial.sum(axis=0)
     out = np.empty((2, c), np.float64)
-    out[0], out[1] = _finish_moments(partial[0].sum(axis=0), partial[1].sum(axis=0), shift, m)
+    out[0], out[1] = _finish_moments(sums[0], sums[1], shift.astype(np.float64), m)
     return out
 
 
@@ -209,12 +224,20 @@ def _reduce_row(act, mode, args):
 @_jit_scalar
 def _reduce_rows(act, mode, args):
     z, dz, x, start, stop, p, q, slope, floor, sums = args
-    for r in range(start, stop):
-        for j in range(z.shape[1]):
-            zt = z[r, j]
-            dy = _act_grad(zt, dz[r, j], act, slope)
-            sums[0, j] += dy
-            sums[1, j] += dy * _backward_value(zt, x[r, j], p[j], q[j], act, slope, floor, mode)
+    c = z.shape[1]
+    b0 = np.empty(c, z.dtype)  # block sums in the data's dtype, as in _moments_mc
+    b1 = np.empty(c, z.dtype)
+    for first in range(start, stop, _BLOCK):
+        b0[:] = 0
+        b1[:] = 0
+        for r in range(first, min(first + _BLOCK, stop)):
+            zr, dzr, xr = z[r], dz[r], x[r]
+            for j in range(c):
+                zt = zr[j]
+                dy = _act_grad(zt, dzr[j], act, slope)
+                b0[j] += dy
+                b1[j] += dy * _backward_value(zt, xr[j], p[j], q[j], act, slope, floor, mode)
+        _add_block_sums(sums, b0, b1)
 
 
 @_jit_scalar
