@@ -331,17 +331,21 @@ def test_float32_against_float64_reference(variant):
 @pytest.mark.parametrize("cls,variant", [(layers.ABN, None), (layers.InPlaceABN, "I"),
                                          (layers.InPlaceABN, "II")])
 def test_float32_long_rows_many_channels(cls, variant, channels_last):
-    """float32 sums over several summation blocks plus a tail, on the CPU's fused forward.
+    """float32 sums over several summation blocks plus a tail, in both CPU layouts.
 
     The CPU kernels sum blocks of 512 elements per channel in the data's precision; each
-    channel here holds four blocks and a remainder, on a mean of 50, against the float64
-    composite. Not marked ``kernels`` (too slow under the CUDA simulator).
+    channel here holds several blocks and a remainder, on a mean of 50, against the float64
+    composite. With enough channels, InPlaceABN in the (N, C, S) layout runs the fused
+    statistics + output pass; channels-last, the rows are split into 4 chunks per thread, and
+    the batch is large enough for each chunk to hold more than one block of rows.
+    Not marked ``kernels`` (too slow under the CUDA simulator).
     """
-    channels = 4 * 8 * max(1, torch.get_num_threads())
+    threads = max(1, torch.get_num_threads())
+    channels = 4 * 8 * threads
     kwargs = {} if variant is None else {"variant": variant}
     layer = make_layer(cls, channels=channels, dtype=torch.float32, **kwargs)
     reference = make_layer(cls, channels=channels, **kwargs)
-    x, grad = random_input((2, channels, 2 * 512 + 37))
+    x, grad = random_input((2 * threads + 1, channels, 2 * 512 + 37))
     x = x + 50
     if channels_last:  # the (M, C) kernels, with rows of channels
         x, grad = (t.movedim(1, -1).contiguous().movedim(-1, 1) for t in (x, grad))

@@ -13,8 +13,8 @@ backward makes two reads for the reductions and two reads plus one write for the
 gradient. Fusing the two backward passes per channel was measured not to help. In the
 ``(N, C, S)`` view, sums are taken over blocks of ``_BLOCK`` elements in the data's precision
 and the block sums added in float64; the channels-last view does the same per channel over
-blocks of ``_BLOCK`` rows. The statistics subtract a per-channel sample value first (shifted sums), so a
-large mean does not cancel the variance in float32.
+blocks of ``_BLOCK`` rows. The statistics subtract a per-channel sample value first (shifted
+sums), so a large mean does not cancel the variance in float32.
 
 Speed: the inner loops are compiled once per (activation, backward mode) pair with both as
 constants (:func:`_specialized`), so LLVM sees straight-line, branch-free loop bodies that it
@@ -353,9 +353,14 @@ def _np(t):
     return t.detach().numpy()
 
 
+def _in_place(out, x):
+    """Whether the output ``out`` is the input view ``x`` itself."""
+    return out.data_ptr() == x.data_ptr()
+
+
 def _output(out, x):
     """``out`` as a kernel's output argument: None when it is ``x`` itself (in place)."""
-    return None if out.data_ptr() == x.data_ptr() else _np(out)
+    return None if _in_place(out, x) else _np(out)
 
 
 def _follow_torch_threads():
@@ -400,8 +405,7 @@ def moments_forward(x, out, gamma, beta, eps, act, slope):
     ``gamma``, ``beta``: float64 ``(C,)``.
     """
     _follow_torch_threads()
-    fused = (x.dim() == 3 and out.data_ptr() == x.data_ptr()
-             and x.shape[1] >= 4 * numba.get_num_threads())
+    fused = x.dim() == 3 and _in_place(out, x) and x.shape[1] >= 4 * numba.get_num_threads()
     if not fused:
         return compose_moments_forward(sys.modules[__name__], x, out, gamma, beta, eps, act,
                                        slope)
