@@ -7,7 +7,7 @@
 The profile is experiments/config/<profile>.yaml (`--config profile=...`, default smoke); a
 `--configfile` or `--config` merges over it. The merged configuration is validated against
 experiments/config/schema.yaml before anything is planned. A run is `<profile>-<device>`; its
-files never collide with another run's (layout: experiments/paths.py).
+files never collide with another run's (layout: experiments/records/paths.py).
 
 An experiment is one module `experiments/<id>.py` (one measured point per call) and one rule
 `<id>_point` here, plus an entry in EXPERIMENTS (its points and the notebooks that plot it).
@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 from snakemake.utils import validate
 
-from experiments import paths
+from experiments.records import paths
 
 CONFIG_DIR = Path(workflow.basedir) / "experiments" / "config"
 FIGURES = Path(workflow.basedir) / "figures"
@@ -55,6 +55,24 @@ RUN = paths.run_name(config["profile"], DEVICE)
 # Timing jobs on one GPU would disturb each other: each takes one unit of `gpu`; pass
 # `--resources gpu=<number of GPUs>`.
 GPU = 1 if DEVICE == "cuda" else 0
+
+
+def cluster_resources(section, gpus=GPU):
+    """The ``resources:`` of a job configured by the profile section ``section`` that uses
+    ``gpus`` GPUs (a training rule passes torchrun's process count on cuda, 0 on the CPU).
+
+    ``gpu`` is both the local scheduling unit (`--resources gpu=N`) and what the SLURM
+    executor requests (`sbatch --gpus`); ``cpus_per_task`` is the job's threads
+    (`--cpus-per-task`); ``mem_mb`` (`--mem`) and ``runtime`` (minutes, `--time`) come from
+    the section's ``cluster`` block. A local run limits only what `--resources` names.
+    """
+    cluster = section["cluster"]
+    return {
+        "gpu": gpus,
+        "cpus_per_task": lambda wildcards, threads: threads,
+        "mem_mb": cluster["mem_mb"],
+        "runtime": cluster["runtime_min"],
+    }
 
 #: experiment id -> {"points": [point names], "notebooks": [notebooks that plot it]}
 EXPERIMENTS = {}
@@ -94,7 +112,7 @@ rule densenet_fig2_contiguous_point:
         in_channels=r"\d+",
     threads: FIG2["threads"]
     resources:
-        gpu=GPU,
+        **cluster_resources(FIG2),
     params:
         cfg=FIG2,
     shell:
@@ -124,7 +142,7 @@ rule iabn_table1_timing_point:
         module="conv[1-4]",
     threads: TABLE1["threads"]
     resources:
-        gpu=GPU,
+        **cluster_resources(TABLE1),
     params:
         cfg=TABLE1,
         max_size="" if TABLE1["max_size"] is None else f"--max-size {TABLE1['max_size']}",
@@ -167,7 +185,7 @@ rule densenet_fig4_memory_point:
         depth=r"\d+",
     threads: FIG4["threads"]
     resources:
-        gpu=GPU,
+        **cluster_resources(FIG4),
     params:
         cfg=FIG4,
         budget="" if FIG4["memory_budget_gib"] is None
@@ -202,7 +220,7 @@ rule densenet_fig5_time_point:
         depth=r"\d+",
     threads: FIG5["threads"]
     resources:
-        gpu=GPU,
+        **cluster_resources(FIG5),
     params:
         cfg=FIG5,
         impls=" ".join(FIG5["impls"]),
@@ -237,7 +255,7 @@ rule iabn_table2_capacity_point:
         mode="fixed_crop|fixed_batch",
     threads: TABLE2["threads"]
     resources:
-        gpu=GPU,
+        **cluster_resources(TABLE2),
     params:
         cfg=TABLE2,
         batch=lambda wildcards: TABLE2["bodies"][wildcards.body]["batch"],
@@ -286,7 +304,7 @@ rule aggregate:
     wildcard_constraints:
         experiment="|".join(EXPERIMENTS),
     shell:
-        "python -m experiments.aggregate --out {output} {input} > {log} 2>&1"
+        "python -m experiments.report.aggregate --out {output} {input} > {log} 2>&1"
 
 
 def notebook_inputs(wildcards):
@@ -307,7 +325,7 @@ rule render:
     wildcard_constraints:
         notebook="|".join(nb for e in EXPERIMENTS.values() for nb in e["notebooks"]),
     shell:
-        "python -m experiments.render {input[0]} --run {RUN} --artifacts artifacts"
+        "python -m experiments.report.render {input[0]} --run {RUN} --artifacts artifacts"
         " --out figures/{RUN} > {log} 2>&1"
 
 
@@ -322,7 +340,7 @@ rule claims:
     log:
         "artifacts/logs/claims.log",
     shell:
-        "python -m experiments.claims --artifacts artifacts --out {output} > {log} 2>&1"
+        "python -m experiments.report.claims --artifacts artifacts --out {output} > {log} 2>&1"
 
 
 rule bench_kernels:
@@ -332,6 +350,8 @@ rule bench_kernels:
     log:
         "artifacts/logs/bench_kernels/{device}.log",
     threads: config["bench_kernels"]["threads"]
+    resources:
+        **cluster_resources(config["bench_kernels"]),
     params:
         shape=" ".join(str(s) for s in config["bench_kernels"]["shape"]),
         bench=config["bench_kernels"],

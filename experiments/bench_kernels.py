@@ -33,9 +33,9 @@ from tqdm import tqdm
 
 from layers import InPlaceABN
 
-from .artifacts import write_json_atomic
-from .environment import describe_environment
-from .timing import time_callable
+from .records.atomic import write_json_atomic
+from .records.environment import describe_environment
+from .measure.timing import time_callable
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 ACTIVATION = "leaky_relu"

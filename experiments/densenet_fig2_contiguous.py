@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from . import point
-from .timing import time_callable
+from .records import point
+from .measure.timing import time_callable
 
 EXPERIMENT = "densenet_fig2_contiguous"
 LAYOUTS = ("contiguous", "non_contiguous")

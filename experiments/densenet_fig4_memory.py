@@ -33,7 +33,8 @@ job. On the CPU the budget is recorded but not enforced (``budget_enforced = fal
 """
 import torch
 
-from . import measure, point
+from .measure import step as measure
+from .records import point
 
 EXPERIMENT = "densenet_fig4_memory"
 GIB = 2 ** 30

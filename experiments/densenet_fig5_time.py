@@ -3,7 +3,7 @@
 Run as ``python -m experiments.densenet_fig5_time --depth D [--growth-rate K] [--batch N]
 [--size S] [--impls ...] [--device cpu|cuda] [--threads T] [--warmup W] [--repeats R] --out
 PATH``. One point is one network (depth); every implementation of it is measured in the same
-process, interleaved (:func:`experiments.timing.time_interleaved`: one step of each per round,
+process, interleaved (:func:`experiments.measure.timing.time_interleaved`: one step of each per round,
 in rotating order), so load that changes while the point runs reaches all of them alike and
 their ratio to ``naive`` - the quantity the paper reports - is not skewed.
 
@@ -18,8 +18,9 @@ gradients zeroed untimed before each. All implementations start from the same we
 Per implementation the record holds the median, min and max seconds per step over
 ``--repeats`` rounds after ``--warmup`` rounds, and the parameter count.
 """
-from . import measure, point
-from .timing import time_interleaved
+from .measure import step as measure
+from .records import point
+from .measure.timing import time_interleaved
 
 EXPERIMENT = "densenet_fig5_time"
 

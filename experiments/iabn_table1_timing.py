@@ -27,11 +27,11 @@ conv4   2048      7 x 7        64
 ``--max-size S`` caps the spatial size (``min(native, S)``) for quick runs; ``--batch``
 defaults to the paper's 32. The activation is leaky ReLU with slope 0.01 everywhere (§4).
 
-Per strategy (:data:`experiments.blocks.STRATEGIES`) the record holds the forward+backward time
+Per strategy (:data:`experiments.measure.blocks.STRATEGIES`) the record holds the forward+backward time
 (median/min/max seconds over ``--repeats`` runs after ``--warmup``; each run gets a fresh
 non-leaf copy of one input, made outside the timed region, and a fixed output gradient) and
 the memory held for backward after one forward, from saved-tensor hooks
-(:mod:`experiments.saved_tensors`; distinct storages, parameters and buffers excluded):
+(:mod:`experiments.measure.saved_tensors`; distinct storages, parameters and buffers excluded):
 ``saved_bytes`` (all of it), ``saved_tensors`` (how many storages), ``saved_map_bytes`` (the
 storages of at least the input's size: the ``x``, ``x_hat``, ``z`` buffers of the paper's
 Fig. 2), ``saved_channel_bytes`` (the rest: per-channel statistics, which the paper leaves
@@ -43,10 +43,10 @@ import sys
 import torch
 from tqdm import tqdm
 
-from . import point
-from .blocks import SLOPE, STRATEGIES, build_block
-from .saved_tensors import saved_storages
-from .timing import time_callable
+from .records import point
+from .measure.blocks import SLOPE, STRATEGIES, build_block
+from .measure.saved_tensors import saved_storages
+from .measure.timing import time_callable
 
 EXPERIMENT = "iabn_table1_timing"
 #: module -> (channels, spatial size) of the 3x3 grouped convolution's input, ResNeXt-101 64x4d.

@@ -87,8 +87,8 @@ from torch.utils._pytree import tree_leaves
 from layers.deeplab import BODIES, deeplabv3
 from layers.residual import NORMS
 
-from . import point
-from .saved_tensors import saved_storages
+from .records import point
+from .measure.saved_tensors import saved_storages
 
 EXPERIMENT = "iabn_table2_capacity"
 MODES = ("fixed_crop", "fixed_batch")

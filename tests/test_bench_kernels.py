@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.artifacts import write_json_atomic
-from experiments.environment import describe_environment
-from experiments.timing import time_callable
+from experiments.records.atomic import write_json_atomic
+from experiments.records.environment import describe_environment
+from experiments.measure.timing import time_callable
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ import torchvision
 
 import layers.shared_storage
 from abn_reference import composite
-from experiments.measure import saved_tensor_bytes
+from experiments.measure.step import saved_tensor_bytes
 from layers.abn import ABN, batch_norm_arguments
 from layers.densenet import (DenseNet, densenet121, densenet161, densenet169, densenet201,
                              densenet232, densenet264, densenet_bc)

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from experiments import aggregate, claims
+from experiments.report import aggregate, claims
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "artifacts" / "paper"

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from experiments import densenet_fig4_memory as fig4
-from experiments import measure, point
+from experiments import measure
+from experiments.records import point
 
 ROOT = Path(__file__).resolve().parents[1]
 #: A DenseNet-BC of one layer per block, k = 4, on 8x8 inputs: a point in a few seconds.

@@ -9,7 +9,7 @@ import pytest
 
 from experiments import densenet_fig5_time as fig5
 from experiments import measure
-from experiments.timing import time_interleaved
+from experiments.measure.timing import time_interleaved
 
 ROOT = Path(__file__).resolve().parents[1]
 

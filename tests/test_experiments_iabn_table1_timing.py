@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.blocks import STRATEGIES, build_block
+from experiments.measure.blocks import STRATEGIES, build_block
 from experiments.iabn_table1_timing import MODULES, module_shape, parse_args
-from experiments.saved_tensors import saved_storages
+from experiments.measure.saved_tensors import saved_storages
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Feature-map buffers each strategy keeps for backward (paper, Sec. 3.2 and Fig. 2).

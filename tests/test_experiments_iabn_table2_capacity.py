@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments import aggregate, paths, render
+from experiments.report import aggregate, render
+from experiments.records import paths
 from experiments.iabn_table2_capacity import (METHODS, MIN_CROPS, AllocationTracker,
                                               capacity_gain, fit_line, largest_fitting,
                                               parse_args, search_capacity, solve)

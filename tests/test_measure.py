@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from experiments.measure import (ModelSpec, lower_bound_bytes, measure, parse_args,
+from experiments.measure.step import (ModelSpec, lower_bound_bytes, measure, parse_args,
                                  saved_tensor_bytes)
 from layers.densenet import densenet_bc
 

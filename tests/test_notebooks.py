@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments import aggregate, paths, render
+from experiments.report import aggregate, render
+from experiments.records import paths
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "test-cpu"

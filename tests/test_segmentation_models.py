@@ -14,7 +14,7 @@ from layers.deeplab import ASPP, atrous_rates, deeplabv3
 from layers.residual import BatchNormAct2d, Bottleneck, NormAct, PreActBlock, stage_dilations
 from layers.resnext import ResNeXt, resnext101
 from layers.wideresnet import WideResNet, wideresnet38
-from experiments.saved_tensors import saved_storages
+from experiments.measure.saved_tensors import saved_storages
 
 #: A WideResNet of the WideResNet-38 kinds of blocks (basic, bottleneck, identity shortcut).
 TINY_WRN = ((2, (4, 4)), (1, (8, 8)), (1, (8, 8)), (1, (8, 16)), (1, (8, 16, 32)),

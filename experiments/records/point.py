@@ -8,7 +8,7 @@ artifact is::
     {"experiment": ..., "config": {...}, "results": [{...}, ...], "environment": {...}}
 
 ``results`` is a list of flat records (one per measurement: a layout, a strategy, a pass), the
-rows :mod:`experiments.aggregate` puts into the experiment's CSV.
+rows :mod:`experiments.report.aggregate` puts into the experiment's CSV.
 """
 import argparse
 from pathlib import Path
@@ -16,7 +16,7 @@ from pathlib import Path
 import numba
 import torch
 
-from .artifacts import write_json_atomic
+from .atomic import write_json_atomic
 from .environment import describe_environment
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}

@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 
 #: The repository root (the parent of the ``experiments`` package).
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 #: Experiment ids, profiles and devices: lower-case words joined by underscores.
 _NAME = re.compile(r"^[a-z0-9]+(_[a-z0-9]+)*$")

@@ -1,15 +1,15 @@
 """What the notebooks in ``figures/`` share: loading a run's aggregated CSV, and writing a
 figure (PNG and PDF) and a table (Markdown and LaTeX) atomically.
 
-Locations follow :mod:`experiments.paths` (``ARTIFACTS_DIR``, ``ARTIFACTS_RUN``,
+Locations follow :mod:`experiments.records.paths` (``ARTIFACTS_DIR``, ``ARTIFACTS_RUN``,
 ``FIGURES_DIR``), so one notebook runs unchanged in Jupyter, under the pipeline and in tests.
 """
 import math
 
 import pandas as pd
 
-from . import paths
-from .artifacts import atomic_path
+from ..records import paths
+from ..records.atomic import atomic_path
 
 FIGURE_FORMATS = ("png", "pdf")
 DPI = 200

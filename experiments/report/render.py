@@ -1,10 +1,10 @@
 """Execute a figure notebook headless, top to bottom, against a given artifact set.
 
-Run as ``python -m experiments.render figures/NAME.ipynb --run RUN [--artifacts DIR]
+Run as ``python -m experiments.report.render figures/NAME.ipynb --run RUN [--artifacts DIR]
 [--out DIR] [--timeout S]``. The notebook runs in a fresh ``python3`` kernel started in the
 notebook's directory (as Jupyter would), with ``ARTIFACTS_DIR``, ``ARTIFACTS_RUN`` and
-``FIGURES_DIR`` set (see :mod:`experiments.paths`); it writes its own figure and table files
-atomically through :mod:`experiments.figure_io`. The notebook file is not modified. A failing
+``FIGURES_DIR`` set (see :mod:`experiments.records.paths`); it writes its own figure and table files
+atomically through :mod:`experiments.report.figure_io`. The notebook file is not modified. A failing
 cell exits with status 1 and prints the cell's error.
 """
 import argparse
@@ -16,7 +16,7 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from . import paths
+from ..records import paths
 
 
 def render(notebook, run, artifacts, out, timeout=600):
@@ -34,7 +34,7 @@ def render(notebook, run, artifacts, out, timeout=600):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m experiments.render",
+    parser = argparse.ArgumentParser(prog="python -m experiments.report.render",
                                      description="Execute a figure notebook headless.")
     parser.add_argument("notebook", type=Path)
     parser.add_argument("--run", required=True, help="run whose artifacts to plot, e.g. smoke-cpu")

@@ -46,9 +46,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from layers import densenet
 
-from .artifacts import write_json_atomic
-from .environment import REPO_ROOT, describe_environment
-from .point import DTYPES, SEED
+from ..records.atomic import write_json_atomic
+from ..records.environment import REPO_ROOT, describe_environment
+from ..records.point import DTYPES, SEED
 from .saved_tensors import saved_storages
 from .timing import time_callable
 
@@ -187,7 +187,7 @@ def _torchvision_cifar_densenet(depth, growth_rate, num_classes=10):
 # --------------------------------------------------------------------------- memory
 def saved_tensor_bytes(model, x):
     """``(bytes, count)`` of the distinct storages autograd saves in one forward of ``model``
-    (:func:`experiments.saved_tensors.saved_storages`: parameters and buffers left out).
+    (:func:`experiments.measure.saved_tensors.saved_storages`: parameters and buffers left out).
 
     Tensors saved inside a checkpointed region go to the checkpoint's own hooks, which drop
     them, so they are not counted: they are not kept.
@@ -349,7 +349,7 @@ def _dtype_name(dtype):
 
 
 def _set_threads(threads):
-    """numba's then torch's thread count (the order of :func:`experiments.point.setup`:
+    """numba's then torch's thread count (the order of :func:`experiments.records.point.setup`:
     launching numba's OpenMP pool resets the count torch's own operators use)."""
     if threads is not None:
         numba.set_num_threads(threads)
@@ -491,7 +491,3 @@ def main(argv=None):
     if args.json is not None:
         print(f"wrote {write_json_atomic(args.json, report)}")
     return report
-
-
-if __name__ == "__main__":
-    main()

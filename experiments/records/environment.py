@@ -7,14 +7,12 @@ import os
 import platform
 import subprocess
 from datetime import datetime, timezone
-from pathlib import Path
 
 import numba
 import numpy as np
 import torch
 
-#: The repository root (the parent of the ``experiments`` package).
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from .paths import REPO_ROOT
 
 
 def git_commit(root=REPO_ROOT):

@@ -1,8 +1,8 @@
 """Aggregate the point artifacts of one run of one experiment into a CSV, one row per record.
 
-Run as ``python -m experiments.aggregate --out artifacts/<experiment>.<run>.csv POINT.json ...``.
+Run as ``python -m experiments.report.aggregate --out artifacts/<experiment>.<run>.csv POINT.json ...``.
 A point ``artifacts/<experiment>/<run>/<point>.json`` holds ``config``, ``results`` (a list of
-records) and ``environment`` (see :mod:`experiments.point`); each record becomes a row with
+records) and ``environment`` (see :mod:`experiments.records.point`); each record becomes a row with
 ``experiment``, ``run`` and ``point`` (from the path), the point's ``config`` and the
 environment's ``device_name``, ``cpu_count_usable``, ``torch``, ``git_commit`` and ``date_utc``
 (prefixed ``env_``). A record may repeat a config key (``repeats``) only with the same value.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .artifacts import atomic_path
+from ..records.atomic import atomic_path
 
 #: Environment entries copied into every row (prefixed ``env_``).
 ENVIRONMENT_COLUMNS = ("device_name", "cpu_count_usable", "torch", "git_commit", "date_utc")
@@ -49,7 +49,7 @@ def aggregate(paths):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m experiments.aggregate",
+    parser = argparse.ArgumentParser(prog="python -m experiments.report.aggregate",
                                      description="Aggregate point artifacts into one CSV.")
     parser.add_argument("points", type=Path, nargs="+", help="point JSON artifacts")
     parser.add_argument("--out", type=Path, required=True, help="CSV to write")
