@@ -1,8 +1,24 @@
-"""Every experiment of both papers is a rule; `rule all` builds every table and figure.
+"""The experiments of both papers as rules; `rule all` builds every table and figure.
 
     snakemake --cores all                                           # smoke profile (CPU, minutes)
     snakemake --cores all --resources gpu=1 --config profile=paper  # the papers' sizes, on a GPU
     snakemake --cores 2 iabn_table1_timing                          # one experiment
+    snakemake --cores 2 iabn_table1_timing --forcerun iabn_table1_timing_point  # measure it anew
+
+The experiments that have a rule (the keys of EXPERIMENTS below; the claims report calls the
+papers' other experiments "not implemented"):
+
+    densenet_fig2_contiguous   DenseNet Fig. 2 right: 3x3 convolution, (non-)contiguous input
+    densenet_fig2_preact       DenseNet Fig. 2 left: CIFAR error, pre- vs post-activation
+    densenet_fig4_memory       DenseNet Fig. 4: memory vs depth
+    densenet_fig5_time         DenseNet Fig. 5: time per minibatch
+    densenet_fig6_imagenet     DenseNet Fig. 6: ImageNet top-1 error of deep DenseNets
+    iabn_table1_imagenet       InPlace-ABN Table 1 left: ImageNet top-1/top-5, STD-BN vs InPlace-ABN
+    iabn_table1_timing         InPlace-ABN Table 1 right: BN+ACT+CONV time and memory
+    iabn_table2_capacity       InPlace-ABN Table 2 brackets: crops / crop size in a budget
+
+The training experiments (and the data sets the smoke profile generates for them) are in
+experiments/rules/training.smk.
 
 The profile is experiments/config/<profile>.yaml (`--config profile=...`, default smoke); a
 `--configfile` or `--config` merges over it. The merged configuration is validated against
@@ -12,14 +28,16 @@ files never collide with another run's (layout: experiments/records/paths.py).
 An experiment is one module `experiments/<id>.py` (one measured point per call) and one rule
 `<id>_point` here, plus an entry in EXPERIMENTS (its points and the notebooks that plot it).
 Aggregation, rendering, the per-experiment target rule `<id>` and the claims report are
-generic.
+generic. Every rule names the code it runs as inputs (`code(...)`), so editing a module marks
+the outputs of exactly the rules that run it out of date; the target rules name every point,
+so a deleted point is measured again.
 """
 from pathlib import Path
 
 import yaml
 from snakemake.utils import validate
 
-from experiments.records import paths
+from experiments.records import paths, sources
 
 CONFIG_DIR = Path(workflow.basedir) / "experiments" / "config"
 FIGURES = Path(workflow.basedir) / "figures"
@@ -87,9 +105,21 @@ def notebook_targets(notebook):
 
 
 def experiment_targets(experiment):
-    """The aggregated CSV of ``experiment`` and everything its notebooks render."""
-    return [paths.aggregate_csv(experiment, RUN)] + [
+    """Every point of ``experiment``, its aggregated CSV and everything its notebooks render.
+
+    The points are named although the CSV needs them: Snakemake regenerates a missing file
+    only for a job that runs, and an up-to-date CSV does not run, so a deleted point would
+    stay missing; a target rule (no output) runs whenever one of its inputs is missing.
+    """
+    return point_targets(experiment) + [paths.aggregate_csv(experiment, RUN)] + [
         t for nb in EXPERIMENTS[experiment]["notebooks"] for t in notebook_targets(nb)]
+
+
+def code(*modules):
+    """The source files running ``modules`` runs (each ``experiments.<...>`` module and every
+    project module it imports, see experiments/records/sources.py): a rule's ``code`` input,
+    so that editing any of them marks the rule's outputs out of date."""
+    return sources.module_sources(*modules, root=workflow.basedir)
 
 
 # --------------------------------------------------------------------------- experiments
@@ -102,6 +132,8 @@ EXPERIMENTS["densenet_fig2_contiguous"] = {
 
 rule densenet_fig2_contiguous_point:
     """DenseNet Fig. 2 right: a 3x3 convolution, contiguous vs non-contiguous input."""
+    input:
+        code=code("experiments.densenet_fig2_contiguous"),
     output:
         paths.point_json("densenet_fig2_contiguous", RUN, "c{in_channels}"),
     log:
@@ -132,6 +164,8 @@ EXPERIMENTS["iabn_table1_timing"] = {
 
 rule iabn_table1_timing_point:
     """InPlace-ABN Table 1 right: BN+ACT+CONV time and saved memory per strategy."""
+    input:
+        code=code("experiments.iabn_table1_timing"),
     output:
         paths.point_json("iabn_table1_timing", RUN, "{module}"),
     log:
@@ -174,6 +208,8 @@ EXPERIMENTS["densenet_fig4_memory"] = {
 
 rule densenet_fig4_memory_point:
     """DenseNet Fig. 4: memory of one DenseNet-BC training step, one implementation and depth."""
+    input:
+        code=code("experiments.densenet_fig4_memory"),
     output:
         paths.point_json("densenet_fig4_memory", RUN, "{impl}_d{depth}"),
     log:
@@ -210,6 +246,8 @@ EXPERIMENTS["densenet_fig5_time"] = {
 rule densenet_fig5_time_point:
     """DenseNet Fig. 5: time per minibatch of one DenseNet-BC, every implementation interleaved
     in the one job (so their ratio is not skewed by load that differs between jobs)."""
+    input:
+        code=code("experiments.densenet_fig5_time"),
     output:
         paths.point_json("densenet_fig5_time", RUN, "d{depth}"),
     log:
@@ -243,6 +281,8 @@ EXPERIMENTS["iabn_table2_capacity"] = {
 rule iabn_table2_capacity_point:
     """InPlace-ABN Table 2 brackets: the largest batch (FIXED CROP) or crop (FIXED BATCH) of
     one segmentation network and normalization within the memory budget."""
+    input:
+        code=code("experiments.iabn_table2_capacity"),
     output:
         paths.point_json("iabn_table2_capacity", RUN, "{body}_{norm}_{mode}"),
     log:
@@ -275,11 +315,19 @@ rule iabn_table2_capacity_point:
 
 
 # --------------------------------------------------------------------------- generic rules
+# Light jobs that read artifacts/ only: on a cluster they run where snakemake runs, not as
+# cluster jobs (the measuring and training rules take cluster_resources).
+include: "experiments/rules/training.smk"
+
+
+localrules: all, aggregate, render, claims
+
+
 rule all:
     """Every experiment, its figures and tables, the kernel benchmark and the claims report."""
     default_target: True
     input:
-        f"artifacts/bench_kernels/{DEVICE}.json",
+        paths.bench_kernels_json(RUN),
         [t for e in EXPERIMENTS for t in experiment_targets(e)],
         "figures/claims.md",
 
@@ -296,7 +344,8 @@ for _experiment in EXPERIMENTS:
 rule aggregate:
     """One CSV per experiment and run, one row per measurement of every point."""
     input:
-        lambda wildcards: point_targets(wildcards.experiment),
+        points=lambda wildcards: point_targets(wildcards.experiment),
+        code=code("experiments.report.aggregate"),
     output:
         paths.aggregate_csv("{experiment}", RUN),
     log:
@@ -304,14 +353,17 @@ rule aggregate:
     wildcard_constraints:
         experiment="|".join(EXPERIMENTS),
     shell:
-        "python -m experiments.report.aggregate --out {output} {input} > {log} 2>&1"
+        "python -m experiments.report.aggregate --out {output} {input.points} > {log} 2>&1"
 
 
 def notebook_inputs(wildcards):
-    """The notebook and the CSVs of every experiment it plots."""
+    """The notebook, the CSVs of every experiment it plots, and the code it and the renderer
+    run (the project modules the notebook imports)."""
+    notebook = FIGURES / f"{wildcards.notebook}.ipynb"
     read = [e for e, spec in EXPERIMENTS.items() if wildcards.notebook in spec["notebooks"]]
-    return [str(FIGURES / f"{wildcards.notebook}.ipynb")] + [
-        paths.aggregate_csv(e, RUN) for e in read]
+    return ([str(notebook)] + [paths.aggregate_csv(e, RUN) for e in read]
+            + code("experiments.report.render")
+            + sources.notebook_sources(notebook, root=workflow.basedir))
 
 
 rule render:
@@ -335,6 +387,7 @@ rule claims:
         [paths.aggregate_csv(e, RUN) for e in EXPERIMENTS],
         paper=[f"artifacts/paper/{name}" for name in ("memory_efficient_densenets.yaml",
                                                       "inplace_abn.yaml")],
+        code=code("experiments.report.claims"),
     output:
         "figures/claims.md",
     log:
@@ -344,11 +397,14 @@ rule claims:
 
 
 rule bench_kernels:
-    """InPlace-ABN kernels vs the PyTorch composite and vs a copy (the memory floor)."""
+    """InPlace-ABN kernels vs the PyTorch composite and vs a copy (the memory floor), one
+    file per run like every artifact."""
+    input:
+        code=code("experiments.bench_kernels"),
     output:
-        "artifacts/bench_kernels/{device}.json",
+        paths.bench_kernels_json(RUN),
     log:
-        "artifacts/logs/bench_kernels/{device}.log",
+        paths.job_log("bench_kernels", RUN, "bench_kernels"),
     threads: config["bench_kernels"]["threads"]
     resources:
         **cluster_resources(config["bench_kernels"]),
@@ -356,7 +412,7 @@ rule bench_kernels:
         shape=" ".join(str(s) for s in config["bench_kernels"]["shape"]),
         bench=config["bench_kernels"],
     shell:
-        "python -m experiments.bench_kernels --device {wildcards.device} --shape {params.shape}"
+        "python -m experiments.bench_kernels --device {DEVICE} --run {RUN} --shape {params.shape}"
         " --dtype {params.bench[dtype]} --threads {params.bench[threads]}"
         " --repeats {params.bench[repeats]} --warmup {params.bench[warmup]}"
         " --out {output} > {log} 2>&1"

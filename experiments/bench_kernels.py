@@ -1,7 +1,7 @@
 """Micro-benchmark of the InPlace-ABN kernels against PyTorch's BN + leaky ReLU.
 
 Run as ``python -m experiments.bench_kernels [--shape N C H W] [--dtype float32|float64]
-[--threads T] [--repeats R] [--warmup W] [--device cpu|cuda] [--out PATH]``.
+[--threads T] [--repeats R] [--warmup W] [--device cpu|cuda] [--run RUN] [--out PATH]``.
 
 Measurements (each the median/min/max of ``--repeats`` timed runs after ``--warmup`` untimed
 ones; inputs are prepared outside the timed region):
@@ -19,8 +19,10 @@ Derived: ``speedup_vs_composite_I``/``_II`` (composite time / in-place time),
 ``forward_over_copy`` (in-place forward time / copy time) and, under ``results.copy``, the
 copy's ``effective_bandwidth_GBps`` (2 * tensor bytes / time, one read and one write).
 
-Writes one JSON file (atomically) with ``config``, ``results``, ``ratios`` and
-``environment``; default path ``artifacts/bench_kernels/<device>.json``.
+Writes one JSON file (atomically) with ``run``, ``config``, ``results``, ``ratios`` and
+``environment``. Like every artifact it belongs to a run, ``<profile>-<device>``
+(:mod:`experiments.records.paths`): the pipeline passes its run, by hand it is
+``manual-<device>``; default path ``artifacts/bench_kernels/<run>.json``.
 """
 import argparse
 import sys
@@ -33,6 +35,7 @@ from tqdm import tqdm
 
 from layers import InPlaceABN
 
+from .records import paths
 from .records.atomic import write_json_atomic
 from .records.environment import describe_environment
 from .measure.timing import time_callable
@@ -59,8 +62,10 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=10, help="timed runs (default: 10)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed runs first (default: 2)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--run", default=None,
+                        help="the run, <profile>-<device> (default: manual-<device>)")
     parser.add_argument("--out", type=Path, default=None,
-                        help="JSON output (default: artifacts/bench_kernels/<device>.json)")
+                        help="JSON output (default: artifacts/bench_kernels/<run>.json)")
     args = parser.parse_args(argv)
 
     n, c, h, w = args.shape
@@ -81,8 +86,17 @@ def parse_args(argv=None):
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda was requested, but no CUDA GPU is available "
                      "(torch.cuda.is_available() is False); use --device cpu")
+    if args.run is None:
+        args.run = paths.run_name("manual", args.device)
+    profile, _, device = args.run.rpartition("-")
+    try:
+        if paths.run_name(profile, device) != args.run or device != args.device:
+            raise ValueError
+    except ValueError:
+        parser.error(f"--run {args.run}: must be <profile>-{args.device} (the run of a profile "
+                     f"on --device {args.device}), e.g. smoke-{args.device}")
     if args.out is None:
-        args.out = Path("artifacts") / "bench_kernels" / f"{args.device}.json"
+        args.out = Path(paths.bench_kernels_json(args.run))
     if args.out.exists() and args.out.is_dir():
         parser.error(f"--out {args.out}: is a directory, expected a file path")
     return args
@@ -200,6 +214,7 @@ def run_benchmark(args):
     }
     return {
         "benchmark": "bench_kernels",
+        "run": args.run,
         "config": config,
         "results": results,
         "ratios": _ratios(results),

@@ -84,6 +84,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from layers import InPlaceABN
 from layers.deeplab import BODIES, deeplabv3
 from layers.residual import NORMS
 
@@ -506,7 +507,7 @@ def run(args):
               "fixed_batch": args.batch, "budget_mib": args.budget_mib, "budget_bytes": budget,
               "width": args.width, "classes": args.classes, "output_stride": args.output_stride,
               "crop_step": args.crop_step, "param_count": sum(p.numel() for p in params),
-              "inplace_abn_layers": sum(type(m).__name__ == "InPlaceABN"
+              "inplace_abn_layers": sum(isinstance(m, InPlaceABN)  # InPlaceABNSync too
                                         for m in step.model.modules()),
               "optimizer": f"SGD(momentum={MOMENTUM}, weight_decay={WEIGHT_DECAY})",
               "memory": ("cuda_max_memory_allocated" if device.type == "cuda"

@@ -1,13 +1,25 @@
-"""Modules ``ABN``, ``InPlaceABN`` and ``InPlaceABNSync``: batch normalization fused with an
-activation, drop-in replacements for ``nn.BatchNorm2d`` + activation.
+"""Modules ``ABN``, ``InPlaceABN``, ``ABNSync`` and ``InPlaceABNSync``: batch normalization fused
+with an activation, drop-in replacements for ``nn.BatchNorm2d`` + activation.
 
 They take ``(N, C, *)`` inputs of any rank >= 2, the ``nn.BatchNorm2d`` arguments (``eps``,
 ``momentum`` including ``None`` for a cumulative average, ``affine``, ``track_running_stats``)
-and have its state-dict keys (``weight``, ``bias``, ``running_mean``, ``running_var``,
-``num_batches_tracked``), so a BN checkpoint loads into them. See :mod:`layers.functional` for
-the scale parametrization (``scale_mode``) and the two backward variants.
+and have its parameters, buffers and state-dict keys (``weight``, ``bias``, ``running_mean``,
+``running_var``, ``num_batches_tracked``), so a BN checkpoint loads into them. See
+:mod:`layers.functional` for the scale parametrization (``scale_mode``) and the two backward
+variants.
+
+They are plain ``nn.Module``s (:class:`NormBase`), not subclasses of torch's ``_BatchNorm``:
+PyTorch utilities that walk a model for ``_BatchNorm`` modules and rebuild them
+(``nn.SyncBatchNorm.convert_sync_batchnorm``, BN folding, ``torch.func``'s
+``replace_all_batch_norm_modules_``) would otherwise replace them by a plain BatchNorm and
+silently drop the activation, the ``|weight| + eps`` scale and the in-place computation. Code
+that selects normalization layers by type (weight-decay exclusion, custom initialization) should
+test ``isinstance(module, layers.NORM_TYPES)``; :func:`layers.convert_sync_batchnorm` is the
+converter to synchronised layers.
 """
+import torch
 import torch.distributed as dist
+import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from . import functional
@@ -16,7 +28,7 @@ from . import functional
 def batch_norm_arguments(module):
     """``(training, running_mean, running_var, momentum)`` for one forward of ``module``.
 
-    ``module`` is any ``nn.BatchNorm*``-like module (``ABN`` and its subclasses included). As
+    ``module`` is any ``nn.BatchNorm*``-like module (:class:`NormBase` included). As
     ``nn.BatchNorm2d.forward`` does, this counts the batch in ``num_batches_tracked`` and turns
     ``momentum=None`` into the cumulative-average factor ``1 / num_batches_tracked``.
     """
@@ -32,13 +44,95 @@ def batch_norm_arguments(module):
     return training, running_mean, running_var, factor
 
 
-class ABN(_BatchNorm):
+class NormBase(nn.Module):
+    """The parameters, buffers and state-dict conventions of ``nn.BatchNorm2d``, in a module
+    that is not a ``torch.nn.modules.batchnorm._BatchNorm``.
+
+    Mirrors torch's ``_NormBase``: ``weight`` (ones) and ``bias`` (zeros) when ``affine``;
+    ``running_mean`` (zeros), ``running_var`` (ones) and ``num_batches_tracked`` (a long
+    scalar) when ``track_running_stats``, else these attributes are ``None``; the same
+    state-dict keys and version (2), so that a checkpoint without ``num_batches_tracked``
+    (saved before PyTorch 0.4.1, or torchvision's released DenseNets) loads with it set to 0,
+    as into ``nn.BatchNorm2d``; ``reset_running_stats``, ``reset_parameters``.
+    """
+
+    _version = 2
+    __constants__ = ["track_running_stats", "momentum", "eps", "num_features", "affine"]
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
+                 track_running_stats=True, device=None, dtype=None):
+        super().__init__()
+        if isinstance(num_features, bool) or not isinstance(num_features, int) \
+                or num_features < 1:
+            raise ValueError(f"num_features={num_features!r} must be an integer >= 1")
+        options = {"device": device, "dtype": dtype}
+        self.num_features = num_features
+        self.eps = eps
+        self.momentum = momentum
+        self.affine = affine
+        self.track_running_stats = track_running_stats
+        if affine:
+            self.weight = nn.Parameter(torch.empty(num_features, **options))
+            self.bias = nn.Parameter(torch.empty(num_features, **options))
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        if track_running_stats:
+            self.register_buffer("running_mean", torch.zeros(num_features, **options))
+            self.register_buffer("running_var", torch.ones(num_features, **options))
+            self.register_buffer("num_batches_tracked",
+                                 torch.tensor(0, dtype=torch.long, device=device))
+        else:
+            self.register_buffer("running_mean", None)
+            self.register_buffer("running_var", None)
+            self.register_buffer("num_batches_tracked", None)
+        self.reset_parameters()
+
+    def reset_running_stats(self):
+        """Running mean 0, running variance 1, no batch counted (as ``nn.BatchNorm2d``)."""
+        if self.track_running_stats:
+            self.running_mean.zero_()
+            self.running_var.fill_(1)
+            self.num_batches_tracked.zero_()
+
+    def reset_parameters(self):
+        """The running statistics reset, weight 1 and bias 0 (as ``nn.BatchNorm2d``)."""
+        self.reset_running_stats()
+        if self.affine:
+            nn.init.ones_(self.weight)
+            nn.init.zeros_(self.bias)
+
+    def _check_input_dim(self, input):
+        if input.dim() < 2:
+            raise ValueError(f"expected an (N, C, *) input, got shape {tuple(input.shape)}")
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        # As torch's _NormBase: num_batches_tracked appeared in version 2 of the BN state
+        # dict; an older checkpoint (no version, or < 2) without it loads with a count of 0
+        # (or the current count, as PyTorch does, when the buffer is materialised).
+        version = local_metadata.get("version", None)
+        if (version is None or version < 2) and self.track_running_stats:
+            key = prefix + "num_batches_tracked"
+            if key not in state_dict:
+                count = self.num_batches_tracked
+                state_dict[key] = (count if count is not None
+                                   and count.device != torch.device("meta")
+                                   else torch.tensor(0, dtype=torch.long))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+
+    def extra_repr(self):
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+                f"affine={self.affine}, track_running_stats={self.track_running_stats}")
+
+
+class ABN(NormBase):
     """Batch normalization followed by an activation, out of place.
 
     ``activation`` is ``leaky_relu`` (default; ``activation_param`` is the slope, default
     0.01), ``elu`` (``activation_param`` is alpha, default 1), ``identity`` or ``relu``.
-    Saves its input and output for backward,
-    as standard BN + activation does.
+    Saves its input and output for backward, as standard BN + activation does.
     """
 
     inplace = False
@@ -53,9 +147,9 @@ class ABN(_BatchNorm):
         self.activation_param = param
         self.scale_mode = scale_mode
 
-    def _check_input_dim(self, input):
-        if input.dim() < 2:
-            raise ValueError(f"expected an (N, C, *) input, got shape {tuple(input.shape)}")
+    def _group(self):
+        """The process group to synchronise over; ``None`` (no synchronisation) here."""
+        return None
 
     def _common_arguments(self, input):
         self._check_input_dim(input)
@@ -63,7 +157,8 @@ class ABN(_BatchNorm):
         return dict(input=input, weight=self.weight, bias=self.bias, running_mean=running_mean,
                     running_var=running_var, training=training, momentum=momentum,
                     eps=self.eps, activation=self.activation,
-                    activation_param=self.activation_param, scale_mode=self.scale_mode)
+                    activation_param=self.activation_param, scale_mode=self.scale_mode,
+                    group=self._group())
 
     def forward(self, input):
         return functional.abn(**self._common_arguments(input))
@@ -96,16 +191,39 @@ class InPlaceABN(ABN):
         functional.check_choice("variant", variant, functional.VARIANTS)
         self.variant = variant
 
-    def _group(self):
-        """The process group to synchronise over; ``None`` (no synchronisation) here."""
-        return None
-
     def forward(self, input):
-        return functional.inplace_abn(**self._common_arguments(input), variant=self.variant,
-                                      group=self._group())
+        return functional.inplace_abn(**self._common_arguments(input), variant=self.variant)
 
     def extra_repr(self):
         return f"{super().extra_repr()}, variant={self.variant}"
+
+
+def _sync_group(group):
+    """The group a synchronised layer reduces over now: ``None`` without a process group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist.group.WORLD if group is None else group
+
+
+class ABNSync(ABN):
+    """:class:`ABN` (out of place, any activation) with statistics synchronised across the
+    ranks of a process group, as :class:`InPlaceABNSync` does in place.
+
+    For the places where a layer must not overwrite its input (a DenseNet's concatenated
+    features, a block input that a shortcut still reads) and for ``relu``. ``group``: the
+    process group (default: the world); without an initialised process group it behaves as
+    :class:`ABN`.
+    """
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
+                 track_running_stats=True, activation="leaky_relu", activation_param=None,
+                 scale_mode="abs", group=None, device=None, dtype=None):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, activation,
+                         activation_param, scale_mode, device, dtype)
+        self.group = group
+
+    def _group(self):
+        return _sync_group(self.group)
 
 
 class InPlaceABNSync(InPlaceABN):
@@ -125,6 +243,15 @@ class InPlaceABNSync(InPlaceABN):
         self.group = group
 
     def _group(self):
-        if not (dist.is_available() and dist.is_initialized()):
-            return None
-        return dist.group.WORLD if self.group is None else self.group
+        return _sync_group(self.group)
+
+
+#: Module types that hold batch-normalization parameters and statistics: torch's
+#: ``BatchNorm1d/2d/3d`` and ``SyncBatchNorm`` (``_BatchNorm``) and every normalization of this
+#: package (:class:`NormBase`: the ABN layers and ``layers.residual.BatchNormAct2d``). Use
+#: ``isinstance(module, NORM_TYPES)`` where code selected norms with ``_BatchNorm``, e.g. to
+#: exclude their parameters from weight decay.
+NORM_TYPES = (_BatchNorm, NormBase)
+
+__all__ = ["NormBase", "ABN", "InPlaceABN", "ABNSync", "InPlaceABNSync", "NORM_TYPES",
+           "batch_norm_arguments"]

@@ -1,6 +1,6 @@
 """DeepLabV3 segmentation networks as the InPlace-ABN paper builds them (Rota Bulò et al. 2018,
 Sec. 4.2): a ResNeXt-101 or WideResNet-38 body at output stride 8 and the DeepLabV3 head
-(Chen et al. 2017), with STD-BN or InPlace-ABN throughout.
+(Chen et al. 2017), with STD-BN, InPlace-ABN or InPlace-ABN sync throughout.
 
 Our reading of the paper's head ("4 parallel CONV blocks with 256 output channels each and
 dilation rates (1, 12, 24, 36) (with x8 downsampled crop sizes from the body) and kernel sizes
@@ -21,9 +21,10 @@ the number of target classes"), in torchvision's ``ASPP`` names:
 Not included, as the paper uses none: the extra 3x3 convolution and the dropout of
 torchvision's ``DeepLabHead``, auxiliary losses, hybrid dilation. The rates follow the output
 stride (``12, 24, 36`` at 8; ``6, 12, 18`` at 16, as in DeepLabV3). With ``norm="iabn"`` every
-BN + activation of the head is InPlace-ABN: each reads a convolution's output, which nothing
-else needs. In training, the pooling branch normalizes one value per crop and channel, so
-batches need at least two crops (as ``nn.BatchNorm2d`` requires).
+BN + activation of the head is InPlace-ABN (``"iabn_sync"``: InPlace-ABN sync): each reads a
+convolution's output, which nothing else needs. In training, the pooling branch normalizes one
+value per crop and channel, so batches need at least two crops (as ``nn.BatchNorm2d``
+requires).
 """
 import torch
 import torch.nn as nn
@@ -103,7 +104,8 @@ class DeepLabV3(nn.Module):
 def deeplabv3(body="resnext101", num_classes=19, output_stride=8, norm="bn",
               activation="leaky_relu", activation_param=None, width=1.0, **body_kwargs):
     """The segmentation network of Table 2: ``body`` (``"resnext101"`` or ``"wideresnet38"``)
-    at ``output_stride`` with the DeepLabV3 head, ``norm`` ``"bn"`` or ``"iabn"`` everywhere.
+    at ``output_stride`` with the DeepLabV3 head, ``norm`` ``"bn"``, ``"iabn"`` or
+    ``"iabn_sync"`` everywhere.
 
     ``num_classes`` defaults to Cityscapes' 19; ``width`` scales every channel count of body
     and head (1 is the paper's network). ``body_kwargs`` go to the body's builder (e.g.

@@ -20,28 +20,35 @@ state dict loads into the ImageNet models built here with ``norm="bn"``, ``preac
 ``norm="bn"`` uses ``nn.BatchNorm2d`` + ReLU. ``norm="iabn"`` uses leaky ReLU (slope 0.01)
 layers from :mod:`layers.abn`: ``InPlaceABN`` where its input is a convolution output (the
 bottleneck, the stem, post-activation layers), out-of-place ``ABN`` on concatenations.
-``preact=False`` gives post-activation layers (``conv -> BN -> act``, Fig. 2 left of the
-memory-efficient DenseNet paper).
+``norm="iabn_sync"`` synchronises every one of them over the default process group:
+``InPlaceABNSync`` and ``ABNSync`` (out of place) in the same places; without an initialised
+process group it computes what ``"iabn"`` computes. ``preact=False`` gives post-activation
+layers (``conv -> BN -> act``, Fig. 2 left of the memory-efficient DenseNet paper).
 
 All implementations have the same modules and state dict; the shared storages are plain
-attributes of the network, not part of its state.
+attributes of the network, not part of its state. ``model.features`` runs on its own, as
+torchvision's: ``model.features(x)`` is the final feature map (for ``norm="bn"`` before the
+final ReLU, which ``forward`` applies, as torchvision's; the ABN layers' activation is part of
+the layer). :func:`load_torchvision_state_dict` loads torchvision's released checkpoints, whose
+keys have the legacy names (``norm.1``, ``conv.2``).
 """
 import math
+import re
 from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
 from . import functional
-from .abn import ABN, InPlaceABN
+from .abn import ABN, NORM_TYPES, InPlaceABN
+from .residual import NORM_MODULES
 from .shared_storage import SharedStorages, concat_norm_act_conv
 
 IMPLS = ("naive", "shared", "checkpoint")
-NORMS = ("bn", "iabn")
+NORMS = ("bn", "iabn", "iabn_sync")
 #: Activation of ``norm="iabn"`` networks (InPlace-ABN needs an invertible one).
 IABN_ACTIVATION = "leaky_relu"
 
@@ -51,7 +58,7 @@ def _make_norm(norm, channels, input_is_conv_output):
     """A BN + activation module: in place (InPlace-ABN) only over a convolution's output."""
     if norm == "bn":
         return nn.BatchNorm2d(channels)
-    layer = InPlaceABN if input_is_conv_output else ABN
+    layer = NORM_MODULES[norm][0 if input_is_conv_output else 1]
     return layer(channels, activation=IABN_ACTIVATION)
 
 
@@ -72,10 +79,23 @@ def _norm_act_again(norm, x):
     """
     if norm is None or not norm.training:
         return _norm_act(norm, x)
-    if isinstance(norm, ABN):
+    if isinstance(norm, ABN):  # synchronised again, over the same group, if norm is
         return functional.abn(x, norm.weight, norm.bias, norm.running_mean, norm.running_var,
                               True, 0.0, norm.eps, norm.activation, norm.activation_param,
-                              norm.scale_mode)
+                              norm.scale_mode, norm._group())
+    if isinstance(norm, nn.SyncBatchNorm):
+        # Its own forward, to synchronise again (after nn.SyncBatchNorm.convert_sync_batchnorm)
+        # and save the same tensors; momentum 0 and the count restored leave its state as is.
+        momentum, count = norm.momentum, norm.num_batches_tracked
+        count = None if count is None else count.clone()
+        norm.momentum = 0.0
+        try:
+            y = norm(x)
+        finally:
+            norm.momentum = momentum
+            if count is not None:
+                norm.num_batches_tracked.copy_(count)
+        return F.relu(y, inplace=True)
     y = F.batch_norm(x, norm.running_mean, norm.running_var, norm.weight, norm.bias, True, 0.0,
                      norm.eps)
     return F.relu(y, inplace=True)
@@ -233,6 +253,24 @@ def _stem(num_init_features, small_inputs, norm, preact):
     return layers
 
 
+class _Features(nn.Sequential):
+    """The feature extractor of a :class:`DenseNet`: stem, dense blocks, transitions and the
+    final norm, callable on its own (``model.features(x)``) as torchvision's.
+
+    A dense block returns the list of its feature maps (the memory-efficient implementations
+    concatenate them only where a layer reads them); a module that is not a transition gets
+    their concatenation, and so does the caller: the result is always one tensor.
+    """
+
+    def forward(self, x):
+        out = x
+        for module in self:
+            if isinstance(out, list) and not isinstance(module, (_DenseBlock, _Transition)):
+                out = torch.cat(out, 1)  # the final norm (pre-activation networks)
+            out = module(out)
+        return torch.cat(out, 1) if isinstance(out, list) else out
+
+
 # --------------------------------------------------------------------------- validation
 def _check_int(name, value, minimum=1):
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -288,7 +326,7 @@ class DenseNet(nn.Module):
         self.impl, self.norm, self.preact = impl, norm, preact
         self._route = _Route(impl)
 
-        self.features = nn.Sequential(OrderedDict(
+        self.features = _Features(OrderedDict(
             _stem(num_init_features, small_inputs, norm, preact)))
         num_features = num_init_features
         for i, num_layers in enumerate(block_config):
@@ -312,7 +350,7 @@ class DenseNet(nn.Module):
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight)
-            elif isinstance(m, _BatchNorm):
+            elif isinstance(m, NORM_TYPES):
                 nn.init.constant_(m.weight, 1)
                 nn.init.constant_(m.bias, 0)
             elif isinstance(m, nn.Linear):
@@ -324,12 +362,9 @@ class DenseNet(nn.Module):
         return 0 if storages is None else storages.nbytes
 
     def forward(self, x):
-        out = x
-        for name, module in self.features.named_children():
-            # Dense blocks return lists of features; the final norm reads their concatenation.
-            out = _norm_act(module, torch.cat(out, 1)) if name == "norm5" else module(out)
-        if isinstance(out, list):  # post-activation: the features are activated already
-            out = torch.cat(out, 1)
+        out = self.features(x)
+        if self.preact and self.norm == "bn":  # the final BN's ReLU, as torchvision's
+            out = F.relu(out, inplace=True)
         out = torch.flatten(F.adaptive_avg_pool2d(out, (1, 1)), 1)
         return self.classifier(out)
 
@@ -376,14 +411,15 @@ def densenet161(**kwargs):
     return _imagenet(48, (6, 12, 36, 24), **kwargs)
 
 
-def densenet232(**kwargs):
+def densenet232(growth_rate=48, **kwargs):
     """DenseNet-232 (k=48, blocks 6-12-48-48), ImageNet: a deep model of Pleiss et al.
 
     Their footnote 10 prints blocks 6-32-48-48, but that network has 273 layers and 71.5M
     parameters; 6-12-48-48 has the stated 232 layers (counted as for DenseNet-264) and the
-    stated 55M parameters (55.6M).
+    stated 55M parameters (55.6M). ``growth_rate`` other than 48 gives the same layout at
+    another width (small values: cheap test networks).
     """
-    return _imagenet(48, (6, 12, 48, 48), **kwargs)
+    return _imagenet(growth_rate, (6, 12, 48, 48), **kwargs)
 
 
 def densenet264(growth_rate=32, **kwargs):
@@ -395,5 +431,56 @@ def densenet264(growth_rate=32, **kwargs):
     return _imagenet(growth_rate, (6, 12, 64, 48), **kwargs)
 
 
+# --------------------------------------------------------------------------- torchvision weights
+#: A dense layer's key in torchvision's released checkpoints: ``denselayerN.norm.1.weight``
+#: where the module is now ``denselayerN.norm1`` (torchvision's ``_load_state_dict`` pattern,
+#: plus ``num_batches_tracked``, which checkpoints saved since PyTorch 0.4.1 have).
+_LEGACY_KEY = re.compile(
+    r"^(.*denselayer\d+\.(?:norm|relu|conv))\."
+    r"((?:[12])\.(?:weight|bias|running_mean|running_var|num_batches_tracked))$"
+)
+
+
+def torchvision_state_dict(state_dict):
+    """``state_dict`` with torchvision's legacy DenseNet keys renamed, as a new dict.
+
+    torchvision's released DenseNet checkpoints (``densenet121-a639ec97.pth`` and the others)
+    name a dense layer's modules ``norm.1``, ``conv.1``, ``norm.2``, ``conv.2``; the modules are
+    ``norm1``, ``conv1``, ``norm2``, ``conv2`` here and in torchvision's current code, which
+    renames the keys on loading with this regular expression. Other keys are kept; the tensors
+    are not copied, and ``state_dict`` is not modified.
+    """
+    renamed = OrderedDict()
+    for key, value in state_dict.items():
+        match = _LEGACY_KEY.match(key)
+        renamed[match.group(1) + match.group(2) if match else key] = value
+    metadata = getattr(state_dict, "_metadata", None)
+    if metadata is not None:
+        renamed._metadata = OrderedDict(
+            (_LEGACY_KEY.sub(r"\1\2", prefix + ".weight")[:-len(".weight")]
+             if prefix else prefix, value)
+            for prefix, value in metadata.items())
+    return renamed
+
+
+def load_torchvision_state_dict(model, state_dict, strict=True):
+    """Load a torchvision DenseNet checkpoint (legacy or current key names) into ``model``.
+
+    ``model`` is a :class:`DenseNet` of the same architecture (e.g. ``densenet121()`` for
+    ``densenet121-a639ec97.pth``), any ``impl``; ``state_dict`` the checkpoint's dict, e.g.
+    ``torch.load(path, weights_only=True)`` or ``torchvision.models.DenseNet121_Weights.DEFAULT
+    .get_state_dict()``. Checkpoints saved before PyTorch 0.4.1 have no
+    ``num_batches_tracked``: each norm keeps its own count (0 in a new model), as
+    ``nn.BatchNorm2d`` does. Only ``norm="bn"``,
+    ``preact=True`` computes torchvision's function; other ``norm`` values take the weights
+    with their own activation (and, with ``scale_mode="abs"``, the scale ``|weight| + eps``).
+    Returns ``model.load_state_dict``'s result (missing and unexpected keys).
+    """
+    if not isinstance(model, DenseNet):
+        raise TypeError(f"model must be a layers.densenet.DenseNet, got {type(model).__name__}")
+    return model.load_state_dict(torchvision_state_dict(state_dict), strict=strict)
+
+
 __all__ = ["DenseNet", "densenet_bc", "densenet121", "densenet169", "densenet201",
-           "densenet161", "densenet232", "densenet264", "IMPLS", "NORMS"]
+           "densenet161", "densenet232", "densenet264", "load_torchvision_state_dict",
+           "torchvision_state_dict", "IMPLS", "NORMS"]

@@ -20,19 +20,22 @@ the per-channel scale is ``gamma = |weight| + eps``, so it can always be inverte
 of ``weight`` is then ``sign(weight) * dL/dgamma``. With ``"bn"`` the scale is ``gamma = weight``
 exactly as in ``nn.BatchNorm2d``, so weights trained with standard BN load unchanged; an
 in-place layer then refuses (before touching its input) to run a differentiable forward in
-which some ``|weight| < eps``, because such a scale cannot be inverted reliably in backward.
+which some ``|weight| < eps``, because such a scale cannot be inverted reliably in backward
+(on a GPU, once per weight version: see ``_check_invertible_scale``).
 
-With ``group`` set and ``torch.distributed`` initialised, ``inplace_abn`` combines the batch
-statistics and the two backward reductions across the ranks of ``group``, weighted by each
-rank's element count, which gives the exact full-batch result whatever the per-rank batch sizes
-(InPlace-ABN^sync). Each rank's ``weight``/``bias`` gradient is its own share of the full-batch
-gradient, as with ``nn.SyncBatchNorm``: summing them over ranks gives the full-batch gradient.
+With ``group`` set and ``torch.distributed`` initialised, ``inplace_abn`` (and ``abn``, out of
+place) combines the batch statistics and the two backward reductions across the ranks of
+``group``, weighted by each rank's element count, which gives the exact full-batch result
+whatever the per-rank batch sizes (InPlace-ABN^sync). Each rank's ``weight``/``bias`` gradient
+is its own share of the full-batch gradient, as with ``nn.SyncBatchNorm``: summing them over
+ranks gives the full-batch gradient.
 """
 import dataclasses
 import math
 
 import torch
 from torch.autograd.function import once_differentiable
+from torch.utils.weak import WeakIdKeyDictionary
 
 from . import distributed
 from .kernels import backend, common
@@ -123,12 +126,47 @@ def _check_inplace_input(x, weight, eps, scale_mode):
         )
     differentiable = x.requires_grad or (weight is not None and weight.requires_grad)
     if differentiable and scale_mode == "bn" and weight is not None:
-        smallest = weight.detach().abs().min().item()
-        if smallest < eps:
-            raise ValueError(
-                f"scale_mode='bn' needs |weight| >= eps={eps} to invert the scale in backward, "
-                f"but min |weight| = {smallest:.3g}; use scale_mode='abs' or re-initialise weight"
-            )
+        _check_invertible_scale(weight, eps)
+
+
+#: Devices whose weight check is skipped while the weight is unchanged: reading the smallest
+#: ``|weight|`` there is a host synchronisation. On the CPU it is not, so every call checks.
+WEIGHT_CHECK_CACHED_DEVICES = ("cuda",)
+#: weight tensor -> the ``(data_ptr, version, eps)`` it last passed the check with.
+_checked_weights = WeakIdKeyDictionary()
+
+
+def _check_invertible_scale(weight, eps):
+    """Raise unless every ``|weight| >= eps`` (``scale_mode="bn"``, in place, differentiable).
+
+    Reading the smallest ``|weight|`` on the host synchronises a GPU with it. On the devices
+    of :data:`WEIGHT_CHECK_CACHED_DEVICES` a weight that passed is therefore not checked again
+    while it is unchanged: same storage and same version counter (``weight._version``, which
+    every in-place write through autograd-visible tensors bumps: optimizer steps, writes under
+    ``torch.no_grad()``, ``load_state_dict``). So each weight is checked once after each
+    optimizer step, not at every forward (gradient accumulation, recomputation, evaluation with
+    gradients, timing loops). Writes through ``weight.data`` bypass the version counter; call
+    :func:`forget_weight_checks` after them.
+    """
+    cached = weight.device.type in WEIGHT_CHECK_CACHED_DEVICES
+    key = (weight.data_ptr(), weight._version, float(eps))
+    if cached and _checked_weights.get(weight) == key:
+        return
+    smallest = weight.detach().abs().min().item()
+    if smallest < eps:
+        raise ValueError(
+            f"scale_mode='bn' needs |weight| >= eps={eps} to invert the scale in backward, "
+            f"but min |weight| = {smallest:.3g}; use scale_mode='abs' or re-initialise weight"
+        )
+    if cached:
+        _checked_weights[weight] = key
+
+
+def forget_weight_checks():
+    """Make the next in-place ``scale_mode="bn"`` forward check its weight again on every
+    device (needed only after writing weights through ``.data``, which PyTorch does not
+    version)."""
+    _checked_weights.clear()
 
 
 # --------------------------------------------------------------------------- layouts
@@ -358,12 +396,12 @@ def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True):
 class _ABN(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps, act,
-                slope, scale_mode):
+                slope, scale_mode, group):
         layout = _layout(x) or "ncs"
         out = _empty_like_layout(x, layout)
         channel = normalize_activate_into(x, out, weight, bias, running_mean, running_var,
-                                          training, momentum, eps, act, slope, scale_mode)
-        ctx.spec = BackwardSpec.of(common.MODE_XHAT_FROM_X, act, slope, training, None, weight,
+                                          training, momentum, eps, act, slope, scale_mode, group)
+        ctx.spec = BackwardSpec.of(common.MODE_XHAT_FROM_X, act, slope, training, group, weight,
                                    bias)
         ctx.save_for_backward(x, out, channel)
         return out
@@ -373,7 +411,7 @@ class _ABN(torch.autograd.Function):
     def backward(ctx, dz):
         x, z, channel = ctx.saved_tensors
         grads = normalize_activate_backward(z, dz, x, channel, ctx.spec, ctx.needs_input_grad[0])
-        return grads + (None,) * 8
+        return grads + (None,) * 9
 
 
 class _InPlaceABN(torch.autograd.Function):
@@ -399,19 +437,21 @@ class _InPlaceABN(torch.autograd.Function):
 
 def abn(input, weight=None, bias=None, running_mean=None, running_var=None, training=True,
         momentum=0.1, eps=1e-5, activation="leaky_relu", activation_param=None,
-        scale_mode="abs"):
+        scale_mode="abs", group=None):
     """Batch normalization + activation, out of place (saves ``input`` and the output).
 
     Arguments follow ``torch.nn.functional.batch_norm``; ``activation`` is one of
     ``leaky_relu`` (default slope 0.01), ``elu`` (default alpha 1), ``identity``, ``relu``,
     with its parameter ``activation_param``. ``scale_mode`` is ``"abs"`` (scale
-    ``|weight| + eps``) or ``"bn"`` (scale ``weight``); see the module docstring.
+    ``|weight| + eps``) or ``"bn"`` (scale ``weight``); see the module docstring. ``group``:
+    a ``torch.distributed`` process group to synchronise the statistics over, as
+    :func:`inplace_abn` (``None``: no synchronisation).
     """
     act, slope = check_activation(activation, activation_param, inplace=False)
     check_choice("scale_mode", scale_mode, SCALE_MODES)
     _check_input(input, weight, bias, running_mean, running_var, training, eps, momentum)
     return _ABN.apply(input, weight, bias, running_mean, running_var, training, momentum, eps,
-                      act, slope, scale_mode)
+                      act, slope, scale_mode, group)
 
 
 def inplace_abn(input, weight=None, bias=None, running_mean=None, running_var=None,
@@ -433,5 +473,5 @@ def inplace_abn(input, weight=None, bias=None, running_mean=None, running_var=No
                              eps, act, slope, scale_mode, variant, group)
 
 
-__all__ = ["abn", "inplace_abn", "ACTIVATIONS", "INVERTIBLE_ACTIVATIONS", "VARIANTS",
-           "SCALE_MODES"]
+__all__ = ["abn", "inplace_abn", "forget_weight_checks", "ACTIVATIONS",
+           "INVERTIBLE_ACTIVATIONS", "VARIANTS", "SCALE_MODES"]

@@ -12,8 +12,12 @@ still needed.
   output of a convolution or of a max-pooling, a residual sum whose shortcut was copied
   first), :class:`layers.ABN` where it is (``norm_act(channels, inplace=False)``). Backward
   keeps one buffer. In the networks built here every BN + activation qualifies.
+* ``"iabn_sync"``: as ``"iabn"`` with the statistics synchronised over the default process
+  group (the world): :class:`layers.InPlaceABNSync` where ``"iabn"`` has ``InPlaceABN``,
+  :class:`layers.ABNSync` where it has ``ABN``. Without an initialised process group it
+  computes what ``"iabn"`` computes.
 
-Both have ``nn.BatchNorm2d``'s state-dict keys, so one network's weights load into the other.
+All have ``nn.BatchNorm2d``'s state-dict keys, so one network's weights load into the others.
 The activation is leaky ReLU with slope 0.01 by default, as in every experiment of Rota Bulò
 et al. (2018, Sec. 4); ``norm="bn"`` also accepts ``"relu"``.
 """
@@ -21,12 +25,15 @@ from collections import OrderedDict
 
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from . import functional
-from .abn import ABN, InPlaceABN
+from .abn import ABN, NORM_TYPES, ABNSync, InPlaceABN, InPlaceABNSync, NormBase, \
+    batch_norm_arguments
 
-NORMS = ("bn", "iabn")
+#: Values of ``norm``: standard BN, InPlace-ABN, InPlace-ABN synchronised over the ranks.
+NORMS = ("bn", "iabn", "iabn_sync")
+#: ``norm`` -> (module where the input may be overwritten, module where it may not).
+NORM_MODULES = {"iabn": (InPlaceABN, ABN), "iabn_sync": (InPlaceABNSync, ABNSync)}
 
 
 def check_positive_int(name, value, minimum=1):
@@ -55,12 +62,18 @@ def _activate_(y, activation, param):
     return y
 
 
-class BatchNormAct2d(nn.BatchNorm2d):
-    """``nn.BatchNorm2d`` followed by an activation applied in place on its output (STD-BN).
+class BatchNormAct2d(NormBase):
+    """``F.batch_norm`` (PyTorch's own BN, as ``nn.BatchNorm2d``) followed by an activation
+    applied in place on its output (STD-BN).
 
     ``activation`` and ``activation_param`` are those of :class:`layers.ABN`. Same parameters,
-    buffers and state-dict keys as ``nn.BatchNorm2d``; with ``activation="relu"`` it computes
-    torchvision's ``bn`` + ``relu`` pair.
+    buffers, state-dict keys, running-statistics bookkeeping and arguments (``eps``,
+    ``momentum``, ``affine``, ``track_running_stats``, ``device``, ``dtype``) as
+    ``nn.BatchNorm2d``; with ``activation="relu"`` it computes torchvision's ``bn`` + ``relu``
+    pair. Like the ABN layers it is a :class:`layers.abn.NormBase`, not a ``_BatchNorm``, so
+    PyTorch's BN walkers (``nn.SyncBatchNorm.convert_sync_batchnorm``, BN folding) cannot drop
+    its activation; ``layers.convert_sync_batchnorm(..., convert_batchnorm=True)`` synchronises
+    it.
     """
 
     def __init__(self, num_features, activation="leaky_relu", activation_param=None, **kwargs):
@@ -70,7 +83,12 @@ class BatchNormAct2d(nn.BatchNorm2d):
         self.activation = activation
 
     def forward(self, input):
-        return _activate_(super().forward(input), self.activation, self.activation_param)
+        if input.dim() != 4:
+            raise ValueError(f"expected a 4-D (N, C, H, W) input, got shape {tuple(input.shape)}")
+        training, running_mean, running_var, momentum = batch_norm_arguments(self)
+        y = F.batch_norm(input, running_mean, running_var, self.weight, self.bias, training,
+                         momentum, self.eps)
+        return _activate_(y, self.activation, self.activation_param)
 
     def extra_repr(self):
         return (f"{super().extra_repr()}, activation={self.activation}, "
@@ -82,14 +100,15 @@ class NormAct:
 
     ``inplace`` says whether the module's input may be overwritten (nothing else needs it);
     with ``norm="iabn"`` it picks :class:`InPlaceABN` (``True``) or :class:`ABN` (``False``),
-    with ``norm="bn"`` it has no effect. ``activation`` overrides the network's activation
-    for one module, e.g. ``"identity"`` for a BN before a residual sum.
+    with ``norm="iabn_sync"`` :class:`InPlaceABNSync` or :class:`ABNSync`, with ``norm="bn"``
+    it has no effect. ``activation`` overrides the network's activation for one module, e.g.
+    ``"identity"`` for a BN before a residual sum.
     """
 
     def __init__(self, norm="bn", activation="leaky_relu", activation_param=None):
         functional.check_choice("norm", norm, NORMS)
         # validate once, with the stricter in-place rules when they apply
-        functional.check_activation(activation, activation_param, inplace=norm == "iabn")
+        functional.check_activation(activation, activation_param, inplace=norm in NORM_MODULES)
         self.norm = norm
         self.activation = activation
         self.activation_param = activation_param
@@ -99,13 +118,13 @@ class NormAct:
         param = self.activation_param if activation == self.activation else None
         if self.norm == "bn":
             return BatchNormAct2d(channels, activation=activation, activation_param=param)
-        layer = InPlaceABN if inplace else ABN
+        layer = NORM_MODULES[self.norm][0 if inplace else 1]
         return layer(channels, activation=activation, activation_param=param)
 
     @property
     def inplace(self):
         """Whether this network's BN + activation layers overwrite their input."""
-        return self.norm == "iabn"
+        return self.norm in NORM_MODULES
 
 
 def conv3x3(in_channels, out_channels, stride=1, groups=1, dilation=1):
@@ -252,12 +271,12 @@ def init_weights(module):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
-        elif isinstance(m, _BatchNorm):  # BatchNormAct2d, ABN, InPlaceABN
+        elif isinstance(m, NORM_TYPES) and m.affine:  # BatchNormAct2d and the ABN layers
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
         elif isinstance(m, nn.Linear):
             nn.init.zeros_(m.bias)
 
 
-__all__ = ["NORMS", "BatchNormAct2d", "NormAct", "Bottleneck", "PreActBlock",
+__all__ = ["NORMS", "NORM_MODULES", "BatchNormAct2d", "NormAct", "Bottleneck", "PreActBlock",
            "stage_dilations", "init_weights", "scaled", "check_positive_int"]

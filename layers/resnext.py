@@ -7,7 +7,9 @@ pooling and a linear classifier. Stage ``i`` (0-3) has bottleneck width
 ``groups * width_per_group * 2**i`` and ``4 * base_channels * 2**i`` output channels; its first
 block has stride 2 (stage 0: 1) in the grouped 3x3 convolution and a 1x1 projection shortcut.
 ``resnext101()`` is 64x4d: widths 256/512/1024/2048, outputs 256/512/1024/2048, 83.46M
-parameters with 1000 classes, exactly torchvision's.
+parameters with 1000 classes, exactly torchvision's. ``resnext152()`` is the InPlace-ABN
+paper's ResNeXt-152, 64x4d with blocks 3-8-36-3 (114.97M parameters with 1000 classes, the
+count of torchvision's ``ResNet`` with these blocks, ``groups=64``, ``width_per_group=4``).
 
 Two block layouts (``preact``):
 
@@ -41,7 +43,8 @@ STAGE_STRIDES = (1, 2, 2, 2)
 
 
 class ResNeXt(nn.Module):
-    """ResNeXt with ``norm="bn"`` (STD-BN) or ``"iabn"`` (InPlace-ABN).
+    """ResNeXt with ``norm="bn"`` (STD-BN), ``"iabn"`` (InPlace-ABN) or ``"iabn_sync"``
+    (InPlace-ABN synchronised over the default process group).
 
     Args:
         layers: bottleneck blocks per stage (four integers; ResNeXt-101: 3, 4, 23, 3).
@@ -51,7 +54,7 @@ class ResNeXt(nn.Module):
         num_classes: classifier outputs, or ``None`` for the body alone (features).
         output_stride: 32, 16 or 8 (input size / feature size, via dilation).
         preact: pre-activation blocks (the InPlace-ABN release) instead of torchvision's.
-        norm: ``"bn"`` or ``"iabn"``.
+        norm: ``"bn"``, ``"iabn"`` or ``"iabn_sync"``.
         activation, activation_param: of every BN + activation (default leaky ReLU 0.01).
     """
 
@@ -108,6 +111,17 @@ class ResNeXt(nn.Module):
         return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
+#: Blocks per stage of the two depths the InPlace-ABN paper trains (Sec. 4.1).
+RESNEXT101_LAYERS = (3, 4, 23, 3)
+RESNEXT152_LAYERS = (3, 8, 36, 3)
+
+
+def _resnext_64x4d(layers, num_classes, width, kwargs):
+    channels = scaled("width", 64, width)
+    return ResNeXt(layers, groups=channels, width_per_group=4, base_channels=channels,
+                   num_classes=num_classes, **kwargs)
+
+
 def resnext101(num_classes=1000, width=1.0, **kwargs):
     """ResNeXt-101 64x4d (blocks 3-4-23-3, cardinality 64, 4 channels per group).
 
@@ -115,9 +129,15 @@ def resnext101(num_classes=1000, width=1.0, **kwargs):
     stem channels; 1 is the paper's network, small values give cheap test networks). Other
     keyword arguments go to :class:`ResNeXt` (``norm``, ``preact``, ``output_stride``, ...).
     """
-    channels = scaled("width", 64, width)
-    return ResNeXt((3, 4, 23, 3), groups=channels, width_per_group=4, base_channels=channels,
-                   num_classes=num_classes, **kwargs)
+    return _resnext_64x4d(RESNEXT101_LAYERS, num_classes, width, kwargs)
 
 
-__all__ = ["ResNeXt", "resnext101"]
+def resnext152(num_classes=1000, width=1.0, **kwargs):
+    """ResNeXt-152 64x4d (blocks 3-8-36-3, cardinality 64, 4 channels per group), the deeper
+    classification network of the InPlace-ABN paper (Table 1). Arguments as
+    :func:`resnext101`.
+    """
+    return _resnext_64x4d(RESNEXT152_LAYERS, num_classes, width, kwargs)
+
+
+__all__ = ["ResNeXt", "resnext101", "resnext152", "RESNEXT101_LAYERS", "RESNEXT152_LAYERS"]

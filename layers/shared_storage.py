@@ -25,6 +25,8 @@ import dataclasses
 import math
 
 import torch
+import torch.distributed as dist
+import torch.nn as nn
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
@@ -97,6 +99,7 @@ class _NormSpec:
     act: int
     slope: float
     scale_mode: str
+    group: object = None
 
 
 def norm_activation(norm):
@@ -112,6 +115,20 @@ def norm_activation(norm):
     return act, slope, "bn"
 
 
+def norm_group(norm):
+    """The process group ``norm`` synchronises its statistics over, or ``None``.
+
+    The synchronised ABN layers name theirs; an ``nn.SyncBatchNorm`` (e.g. after
+    ``nn.SyncBatchNorm.convert_sync_batchnorm``) synchronises over its ``process_group`` or
+    the world, as its own forward does.
+    """
+    if isinstance(norm, ABN):
+        return norm._group()
+    if isinstance(norm, nn.SyncBatchNorm) and dist.is_available() and dist.is_initialized():
+        return dist.group.WORLD if norm.process_group is None else norm.process_group
+    return None
+
+
 def _norm_spec(norm):
     """The spec and ``(running_mean, running_var)`` of ``norm`` for one forward call.
 
@@ -120,7 +137,7 @@ def _norm_spec(norm):
     """
     training, running_mean, running_var, momentum = batch_norm_arguments(norm)
     act, slope, scale_mode = norm_activation(norm)
-    spec = _NormSpec(training, momentum, norm.eps, act, slope, scale_mode)
+    spec = _NormSpec(training, momentum, norm.eps, act, slope, scale_mode, norm_group(norm))
     return spec, running_mean, running_var
 
 
@@ -152,9 +169,10 @@ class _ConcatNormActConv(torch.autograd.Function):
             y = storages.normalized.view(x.shape, x)
             channel = normalize_activate_into(
                 x, y, norm_weight, norm_bias, running_mean, running_var, spec.training,
-                spec.momentum, spec.eps, spec.act, spec.slope, spec.scale_mode)
+                spec.momentum, spec.eps, spec.act, spec.slope, spec.scale_mode, spec.group)
             ctx.backward_spec = BackwardSpec.of(common.MODE_XHAT_FROM_X, spec.act, spec.slope,
-                                                spec.training, None, norm_weight, norm_bias)
+                                                spec.training, spec.group, norm_weight,
+                                                norm_bias)
         ctx.storages, ctx.stride, ctx.padding = storages, stride, padding
         ctx.save_for_backward(conv_weight, norm_weight, norm_bias, channel, *features)
         return F.conv2d(y, conv_weight, None, stride, padding)
@@ -193,6 +211,8 @@ def concat_norm_act_conv(features, storages, norm, conv):
     computed out of place here) or ``None`` (``conv(cat(features))``); ``conv`` an
     ``nn.Conv2d`` without bias, groups or dilation. The running statistics are updated once,
     as the modules' own forward would; the result and every gradient equal the composite's.
+    A synchronised norm (``ABNSync``, ``InPlaceABNSync``, ``nn.SyncBatchNorm``) combines the
+    statistics and the backward reductions over its process group (:func:`norm_group`).
     """
     if conv.bias is not None or conv.groups != 1 or conv.dilation != (1, 1):
         raise ValueError("conv must be an nn.Conv2d with bias=False, groups=1, dilation=1")
@@ -204,4 +224,5 @@ def concat_norm_act_conv(features, storages, norm, conv):
                                     *features)
 
 
-__all__ = ["SharedStorage", "SharedStorages", "concat_norm_act_conv", "norm_activation"]
+__all__ = ["SharedStorage", "SharedStorages", "concat_norm_act_conv", "norm_activation",
+           "norm_group"]

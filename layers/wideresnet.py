@@ -49,7 +49,8 @@ STAGE_STRIDES = (2, 2, 2, 1)
 
 class WideResNet(nn.Module):
     """A wide pre-activation ResNet of six stages (model A of Wu et al.) with ``norm="bn"``
-    (STD-BN) or ``"iabn"`` (InPlace-ABN).
+    (STD-BN), ``"iabn"`` (InPlace-ABN) or ``"iabn_sync"`` (InPlace-ABN synchronised over the
+    default process group).
 
     Args:
         stages: ``(blocks, channels)`` per stage, six of them (default: WideResNet-38);
@@ -57,7 +58,7 @@ class WideResNet(nn.Module):
         stem_channels: output channels of ``mod1``.
         num_classes: classifier outputs, or ``None`` for the body alone (features).
         output_stride: 32, 16 or 8 (input size / feature size, via dilation).
-        norm: ``"bn"`` or ``"iabn"``.
+        norm: ``"bn"``, ``"iabn"`` or ``"iabn_sync"``.
         activation, activation_param: of every BN + activation (default leaky ReLU 0.01).
     """
 

@@ -12,6 +12,10 @@ The cases run InPlaceABNSync over three groups, created in the same order on eve
 * ``self``: a group holding only this rank (``dist.new_group([rank])``), so nothing is
   synchronised and the layer must act as InPlaceABN on the rank's slice alone; this shows the
   ``group`` argument is honoured rather than replaced by the world.
+
+It also trains each model of :data:`DDP_MODELS`, converted with
+``layers.convert_sync_batchnorm(..., convert_batchnorm=True)`` and wrapped in
+``DistributedDataParallel``, for two SGD steps on its slice of a batch.
 """
 import datetime
 import itertools
@@ -19,6 +23,7 @@ import os
 import sys
 
 import torch
+import torch.nn as nn
 
 C = 4
 SPATIAL = (5, 6)
@@ -99,6 +104,89 @@ def run_layer(layer, xs, dzs):
     return history
 
 
+# --------------------------------------------------------------------------- DDP models
+#: Models trained with DistributedDataParallel after ``layers.convert_sync_batchnorm``: a
+#: sequence of every convertible kind (InPlaceABN, BN + LeakyReLU after a convolution,
+#: ABN with relu) and a DenseNet-BC with InPlace-ABN in each implementation.
+DDP_MODELS = ("sequential", "densenet-naive", "densenet-shared", "densenet-checkpoint")
+DDP_CLASSES = 5
+DDP_INPUT = (3, 8, 8)
+DDP_LR = 0.1
+
+
+def make_ddp_model(name):
+    """The model ``name`` before conversion, float64, with seeded weights and statistics."""
+    import layers
+
+    torch.manual_seed(7)
+    if name == "sequential":
+        model = nn.Sequential(
+            nn.Conv2d(3, 4, 3, padding=1), layers.InPlaceABN(4, activation="elu", variant="I"),
+            nn.Conv2d(4, 6, 1), nn.BatchNorm2d(6), nn.LeakyReLU(0.1),
+            nn.Conv2d(6, 6, 1), layers.ABN(6, activation="relu"),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, DDP_CLASSES))
+    else:
+        model = layers.densenet_bc(10, 4, num_classes=DDP_CLASSES, norm="iabn",
+                                   impl=name.split("-")[1])
+    generator = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, layers.NORM_TYPES):
+                c = module.num_features
+                signs = torch.where(torch.rand(c, generator=generator) < 0.3, -1.0, 1.0)
+                module.weight.copy_(signs * (0.5 + torch.rand(c, generator=generator)))
+                module.bias.copy_(torch.randn(c, generator=generator) * 0.2)
+    return model.double()
+
+
+def make_ddp_data():
+    """Seeded inputs and gradients of the outputs, one per iteration, for the whole batch."""
+    g = torch.Generator().manual_seed(99)
+    n = sum(BATCH_SPLIT)
+    xs = [torch.randn(n, *DDP_INPUT, generator=g, dtype=DTYPE) for _ in range(ITERATIONS)]
+    dzs = [torch.randn(n, DDP_CLASSES, generator=g, dtype=DTYPE) for _ in range(ITERATIONS)]
+    return xs, dzs
+
+
+def train_steps(model, xs, dzs, loss_scale=1.0):
+    """SGD steps on ``sum(model(x) * dz) * loss_scale``; the recorded values per step."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=DDP_LR)
+    history = []
+    for x, dz in zip(xs, dzs):
+        leaf = x.clone().requires_grad_()
+        out = model(leaf)
+        ((out * dz).sum() * loss_scale).backward()
+        record = dict(output=out.detach().clone(), input_grad=leaf.grad.clone())
+        record.update({f"grad {n}": p.grad.clone() for n, p in model.named_parameters()})
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        record.update({f"param {n}": p.detach().clone() for n, p in model.named_parameters()})
+        record.update({f"buffer {n}": b.clone() for n, b in model.named_buffers()})
+        history.append(record)
+    return history
+
+
+def run_ddp(rank):
+    """This rank's slice of each DDP model's training (parameter names without ``module.``)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    import layers
+
+    xs, dzs = make_ddp_data()
+    part = rank_slice(rank)
+    results = {}
+    for name in DDP_MODELS:
+        model = layers.convert_sync_batchnorm(make_ddp_model(name), convert_batchnorm=True)
+        types = sorted({type(m).__name__ for m in model.modules()
+                        if isinstance(m, layers.NORM_TYPES)})
+        ddp = DistributedDataParallel(model)
+        history = train_steps(ddp, [x[part] for x in xs], [dz[part] for dz in dzs])
+        results[name] = dict(types=types, history=[
+            {key.replace("module.", "", 1): value for key, value in step.items()}
+            for step in history])
+    return results
+
+
 def main(rank, world_size, init_method, out_dir):
     import torch.distributed as dist
 
@@ -132,6 +220,7 @@ def main(rank, world_size, init_method, out_dir):
                     layer, [x[part] for x in xs_full], [dz[part] for dz in dzs_full])
         results["world_group_is_world"] = (
             layers.InPlaceABNSync(C)._group() is dist.group.WORLD)
+        results["ddp"] = run_ddp(rank)
         dist.barrier()
     finally:
         dist.destroy_process_group()

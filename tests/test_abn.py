@@ -3,6 +3,8 @@
 Tests marked ``kernels`` run the numba kernels end to end on small shapes; ``test_cudasim``
 re-runs them with ``LAYERS_KERNELS=cudasim`` (the CUDA kernels under numba's simulator).
 """
+import math
+
 import pytest
 import torch
 import torch.nn as nn
@@ -336,7 +338,7 @@ def test_float32_long_rows_many_channels(cls, variant, channels_last):
     The CPU kernels sum blocks of 512 elements per channel in the data's precision; each
     channel here holds several blocks and a remainder, on a mean of 50, against the float64
     composite. With enough channels, InPlaceABN in the (N, C, S) layout runs the fused
-    statistics + output pass; channels-last, the rows are split into 4 chunks per thread, and
+    statistics + output pass; channels-last, the rows are split into chunks of 2048, and
     the batch is large enough for each chunk to hold more than one block of rows.
     Not marked ``kernels`` (too slow under the CUDA simulator).
     """
@@ -346,7 +348,7 @@ def test_float32_long_rows_many_channels(cls, variant, channels_last):
     layer = make_layer(cls, channels=channels, dtype=torch.float32, **kwargs)
     reference = make_layer(cls, channels=channels, **kwargs)
     x, grad = random_input((2 * threads + 1, channels, 2 * 512 + 37))
-    x = x + 50
+    x = away_from_the_kink(x + 50, reference)
     if channels_last:  # the (M, C) kernels, with rows of channels
         x, grad = (t.movedim(1, -1).contiguous().movedim(-1, 1) for t in (x, grad))
     expected = reference_step(x, reference.weight, reference.bias, reference.running_mean.clone(),
@@ -355,6 +357,25 @@ def test_float32_long_rows_many_channels(cls, variant, channels_last):
     for name, a, e in zip(("output", "input grad", "weight grad", "bias grad"), actual, expected):
         torch.testing.assert_close(a.double(), e, atol=1e-3, rtol=1e-4,
                                    msg=lambda m: f"{name}: {m}")
+
+
+def away_from_the_kink(x, layer, margin=1e-4):
+    """``x`` with the few elements whose normalized value ``y`` lies within ``margin`` of the
+    activation's kink at 0 moved off it.
+
+    With a mean of 50, float32 rounds ``x - mean`` by about 3e-6: an element that close to the
+    kink may take the other branch of the activation in float32 than in the float64
+    reference, a legitimate difference of ``(1 - slope) * dz`` in its gradient.
+    """
+    x = x.clone()
+    for _ in range(3):
+        y = composite(x, layer.weight, layer.bias, None, None, True, 0.1, layer.eps, "identity",
+                      None)
+        near = y.abs() < margin
+        if not near.any():
+            return x
+        x[near] += 100 * margin
+    raise AssertionError("could not move the inputs away from the kink")
 
 
 # --------------------------------------------------------------------------- bad input
@@ -431,3 +452,241 @@ def test_many_channels_match_composite(activation, param):
     x = torch.randn(3, channels, 5, dtype=torch.float64, generator=generator) * 3 + 100
     check_against_reference(layer, x, torch.randn(x.shape, dtype=torch.float64,
                                                   generator=generator))
+
+
+# --------------------------------------------------------------------------- module conventions
+ABN_CLASSES = [layers.ABN, layers.InPlaceABN, layers.ABNSync, layers.InPlaceABNSync]
+
+
+def test_abn_layers_are_not_batchnorms_but_norm_types():
+    """PyTorch's BN walkers select ``_BatchNorm``: the ABN layers are not, NORM_TYPES has them."""
+    for cls in ABN_CLASSES:
+        layer = cls(3)
+        assert not isinstance(layer, nn.modules.batchnorm._BatchNorm)
+        assert isinstance(layer, layers.NORM_TYPES)
+    assert isinstance(nn.BatchNorm2d(3), layers.NORM_TYPES)
+    assert isinstance(nn.SyncBatchNorm(3), layers.NORM_TYPES)
+    assert not isinstance(nn.GroupNorm(1, 3), layers.NORM_TYPES)
+
+
+def test_torch_sync_batchnorm_converter_leaves_abn_layers_alone():
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), layers.InPlaceABN(4, activation="elu"),
+                          nn.Conv2d(4, 4, 1), layers.ABN(4, activation="relu"))
+    layer, abn = model[1], model[3]
+    converted = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    assert converted[1] is layer and converted[3] is abn
+    assert converted[1].activation == "elu" and converted[3].activation == "relu"
+    assert not any(isinstance(m, nn.SyncBatchNorm) for m in converted.modules())
+
+
+def test_torch_func_batchnorm_replacement_leaves_abn_layers_alone():
+    from torch.func import replace_all_batch_norm_modules_
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), layers.InPlaceABN(4))
+    replace_all_batch_norm_modules_(model)
+    assert model[1].running_mean is not None and model[1].track_running_stats
+
+
+@pytest.mark.parametrize("cls", ABN_CLASSES)
+def test_parameters_buffers_and_defaults_follow_batchnorm(cls):
+    layer, bn = cls(5), nn.BatchNorm2d(5)
+    assert [n for n, _ in layer.named_parameters()] == [n for n, _ in bn.named_parameters()]
+    assert [n for n, _ in layer.named_buffers()] == [n for n, _ in bn.named_buffers()]
+    for name, value in bn.state_dict().items():
+        assert torch.equal(layer.state_dict()[name], value), name
+        assert layer.state_dict()[name].dtype == value.dtype, name
+    assert layer.double().num_batches_tracked.dtype == torch.long
+    assert layer.weight.dtype == torch.float64
+    off = cls(5, affine=False, track_running_stats=False)
+    assert off.weight is off.bias is off.running_mean is off.num_batches_tracked is None
+    assert list(off.state_dict()) == list(nn.BatchNorm2d(5, affine=False,
+                                                         track_running_stats=False).state_dict())
+    assert repr(layer).startswith(f"{cls.__name__}(5, eps=1e-05, momentum=0.1, affine=True, "
+                                  "track_running_stats=True, activation=leaky_relu")
+
+
+def test_reset_parameters_and_running_stats():
+    layer = make_layer(layers.InPlaceABN)
+    layer.num_batches_tracked.fill_(7)
+    layer.reset_running_stats()
+    assert torch.equal(layer.running_mean, torch.zeros(3, dtype=torch.float64))
+    assert torch.equal(layer.running_var, torch.ones(3, dtype=torch.float64))
+    assert int(layer.num_batches_tracked) == 0
+    assert not torch.equal(layer.weight, torch.ones(3, dtype=torch.float64))
+    layer.reset_parameters()
+    assert torch.equal(layer.weight, torch.ones(3, dtype=torch.float64))
+    assert torch.equal(layer.bias, torch.zeros(3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("cls", [layers.ABN, layers.InPlaceABN])
+def test_legacy_checkpoint_without_num_batches_tracked_loads_as_batchnorm(cls):
+    """BN's rule: a state dict of version < 2 (or none) may lack num_batches_tracked."""
+    from collections import OrderedDict
+
+    state = nn.BatchNorm2d(3).state_dict()
+    del state["num_batches_tracked"]
+    legacy = OrderedDict(state)  # no _metadata: a pre-0.4.1 checkpoint
+    for module in (cls(3), nn.BatchNorm2d(3)):
+        module.num_batches_tracked.fill_(4)
+        assert module.load_state_dict(legacy) is not None
+        assert int(module.num_batches_tracked) == 4  # kept, as BN does
+        with pytest.raises(RuntimeError, match="num_batches_tracked"):
+            module.load_state_dict(state)  # version 2 metadata: the key is required
+        with torch.device("meta"):
+            fresh = type(module)(3)
+        fresh.load_state_dict(legacy, assign=True)
+        assert int(fresh.num_batches_tracked) == 0
+
+
+def test_eval_uses_running_statistics_and_counts_no_batch():
+    layer = make_layer(layers.InPlaceABN).eval()
+    x, grad = random_input((2, 3, 4))
+    check_against_reference(layer, x, grad)
+    assert int(layer.num_batches_tracked) == 0
+    layer.train()
+    layer(x.clone())
+    assert int(layer.num_batches_tracked) == 1
+
+
+# --------------------------------------------------------------------------- |weight| check
+def count_weight_checks(monkeypatch, devices=("cpu", "cuda")):
+    """A list that grows by one each time ``|weight|`` is read on the host."""
+    calls = []
+    original = torch.Tensor.min
+
+    def counting(self, *args, **kwargs):
+        calls.append(None)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(layers.functional, "WEIGHT_CHECK_CACHED_DEVICES", devices)
+    monkeypatch.setattr(torch.Tensor, "min", counting)
+    layers.functional.forget_weight_checks()
+    return calls
+
+
+def test_weight_check_runs_once_per_weight_version(monkeypatch):
+    layer = layers.InPlaceABN(3, scale_mode="bn")
+    checks = count_weight_checks(monkeypatch)
+    layer(non_leaf()).sum().backward()
+    assert len(checks) == 1
+    layer(non_leaf()).sum().backward()
+    layer(non_leaf()).sum().backward()
+    assert len(checks) == 1  # unchanged weight: no second host read
+    torch.optim.SGD(layer.parameters(), lr=0.1).step()
+    layer(non_leaf())
+    assert len(checks) == 2  # an optimizer step bumps the weight's version
+    with torch.no_grad():
+        layer.weight[1] = 0.0
+    x = non_leaf()
+    before = x.detach().clone()
+    with pytest.raises(ValueError, match=r"\|weight\| >= eps"):
+        layer(x)
+    assert torch.equal(x.detach(), before)  # refused before the input was overwritten
+    with pytest.raises(ValueError, match=r"\|weight\| >= eps"):
+        layer(non_leaf())  # a refused weight is not remembered as checked
+    layer.load_state_dict(layers.InPlaceABN(3).state_dict())
+    layer(non_leaf())  # load_state_dict writes the weight in place: checked again, and passes
+    assert len(checks) == 5
+
+
+def test_weight_check_after_writes_through_data(monkeypatch):
+    """``.data`` writes are invisible to the version counter: forget_weight_checks()."""
+    layer = layers.InPlaceABN(3, scale_mode="bn")
+    count_weight_checks(monkeypatch)
+    layer(non_leaf())
+    layer.weight.data[0] = 0.0
+    layers.functional.forget_weight_checks()
+    with pytest.raises(ValueError, match=r"\|weight\| >= eps"):
+        layer(non_leaf())
+
+
+def test_weight_check_on_cpu_reads_every_time(monkeypatch):
+    layer = layers.InPlaceABN(3, scale_mode="bn")
+    checks = count_weight_checks(monkeypatch, devices=layers.functional.WEIGHT_CHECK_CACHED_DEVICES)
+    for _ in range(3):
+        layer(non_leaf())
+    assert len(checks) == 3  # no host synchronisation to save on the CPU: always exact
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_weight_check_does_not_synchronise_a_gpu_with_unchanged_weights():
+    layer = layers.InPlaceABN(8, scale_mode="bn").cuda()
+    conv = nn.Conv2d(3, 8, 1).cuda()
+    x = torch.randn(4, 3, 16, 16, device="cuda")
+    layer(conv(x)).sum().backward()  # compiles, checks the weight once
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(2):
+            layer(conv(x))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+# --------------------------------------------------------------------------- empty inputs
+@pytest.mark.parametrize("shape", [(0, 3, 4, 5), (2, 3, 0, 5), (0, 3)], ids=str)
+def test_cpu_kernels_accept_empty_views(shape):
+    from layers.kernels import common, cpu
+
+    x = torch.empty(shape, dtype=torch.float32)
+    n, c = x.shape[:2]
+    spatial = math.prod(shape[2:])
+    views = {"ncs": x.reshape(n, c, spatial), "mc": x.movedim(1, -1).reshape(n * spatial, c)}
+    vec = torch.ones(c, dtype=torch.float32)
+    vec64 = torch.ones(c, dtype=torch.float64)
+    for name, view in views.items():
+        assert torch.isnan(cpu.moments(view)).all() and cpu.moments(view).shape == (2, c)
+        moments = cpu.moments_forward(view, view, vec64, vec64, 1e-5, common.ACT_LEAKY_RELU, 0.1)
+        assert moments.shape == (2, c) and torch.isnan(moments).all(), name
+        cpu.forward(view, torch.empty_like(view), vec, vec, common.ACT_ELU, 1.0)
+        sums = cpu.backward_reduce(view, view, view, vec, vec, common.ACT_LEAKY_RELU, 0.1,
+                                   common.MODE_Y)
+        assert torch.equal(sums, torch.zeros(2, c, dtype=torch.float64)), name
+        coef = torch.ones(3, c, dtype=torch.float32)
+        cpu.backward_input(view, view, view, vec, vec, coef, common.ACT_LEAKY_RELU, 0.1,
+                           common.MODE_XHAT_FROM_X, torch.empty_like(view))
+
+
+@kernels
+@pytest.mark.parametrize("shape", [(0, 3, 4, 5), (2, 3, 0, 5)], ids=str)
+@pytest.mark.parametrize("cls", [layers.ABN, layers.InPlaceABN])
+def test_empty_batches_in_eval_and_refused_in_training(cls, shape):
+    layer = make_layer(cls).eval()
+    x = torch.empty(shape, dtype=torch.float64)
+    leaf = x.clone().requires_grad_()
+    out = layer(leaf * 1)
+    assert out.shape == shape
+    out.sum().backward()
+    assert leaf.grad.shape == shape
+    assert torch.equal(layer.weight.grad, torch.zeros(3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="more than 1 value"):
+        layer.train()(x.clone())
+
+
+# --------------------------------------------------------------------------- threads
+@pytest.mark.parametrize("channels_last", [False, True], ids=["ncs", "channels_last"])
+@pytest.mark.parametrize("channels", [6, 40], ids=["few-channels", "fused"])
+@pytest.mark.parametrize("cls", [layers.ABN, layers.InPlaceABN])
+def test_results_do_not_depend_on_the_thread_count(cls, channels, channels_last):
+    """Bitwise equal with 1 and 2 threads: the sums' order follows the shape only (the
+    channels-last chunks, the fused training forward from 32 channels on)."""
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("numba has a single thread")
+    x, grad = random_input((5, channels, 2 * 512 + 37), dtype=torch.float32)
+    x = x + 20
+    if channels_last:  # 5285 rows: three chunks of rows, each of several blocks
+        x, grad = (t.movedim(1, -1).contiguous().movedim(-1, 1) for t in (x, grad))
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            layer = make_layer(cls, channels=channels, dtype=torch.float32)
+            results.append(run_layer(layer, x, grad) + (layer.running_var.clone(),))
+    finally:
+        torch.set_num_threads(before)
+    for name, one, two in zip(("output", "input grad", "weight grad", "bias grad",
+                               "running var"), *results):
+        assert torch.equal(one, two), name

@@ -54,6 +54,8 @@ def test_bench_kernels_writes_a_complete_report(tmp_path):
     expected = results["composite_fwd_bwd"]["median_s"] / results["inplace_abn_fwd_bwd_I"]["median_s"]
     assert ratios["speedup_vs_composite_I"] == pytest.approx(expected)
 
+    assert report["run"] == "manual-cpu"  # by hand; the pipeline passes its run
+
     env = report["environment"]
     assert set(ENVIRONMENT_KEYS) <= set(env)
     assert env["threads"]["torch"] == env["threads"]["numba"] == 1
@@ -73,6 +75,28 @@ def test_bench_kernels_rejects_bad_arguments(tmp_path, args, message):
     assert result.returncode == 2
     assert message in result.stderr
     assert not (tmp_path / "b.json").exists()
+
+
+def test_bench_kernels_artifact_is_named_by_its_run():
+    """Like every artifact, one file per run (<profile>-<device>): two profiles on one device
+    do not share a benchmark (experiments/records/paths.py)."""
+    from experiments import bench_kernels
+    from experiments.records import paths
+
+    args = bench_kernels.parse_args(["--run", "paper-cpu"])
+    assert args.out == Path(paths.bench_kernels_json("paper-cpu"))
+    assert args.out == Path("artifacts/bench_kernels/paper-cpu.json")
+    assert bench_kernels.parse_args([]).out == Path("artifacts/bench_kernels/manual-cpu.json")
+
+
+@pytest.mark.parametrize("run", ["smoke-cuda", "smoke", "Smoke-cpu", "smoke_cpu"])
+def test_bench_kernels_rejects_a_run_of_another_device(run, capsys):
+    from experiments import bench_kernels
+
+    with pytest.raises(SystemExit) as error:
+        bench_kernels.parse_args(["--run", run, "--device", "cpu"])
+    assert error.value.code == 2
+    assert f"--run {run}: must be <profile>-cpu" in capsys.readouterr().err
 
 
 def test_bench_kernels_names_device_when_cuda_is_missing(tmp_path):

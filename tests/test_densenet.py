@@ -11,12 +11,13 @@ import pytest
 import torch
 import torchvision
 
+import layers
 import layers.shared_storage
 from abn_reference import composite
 from experiments.measure.step import saved_tensor_bytes
 from layers.abn import ABN, batch_norm_arguments
 from layers.densenet import (DenseNet, densenet121, densenet161, densenet169, densenet201,
-                             densenet232, densenet264, densenet_bc)
+                             densenet232, densenet264, densenet_bc, load_torchvision_state_dict)
 
 IMPLS = ("naive", "shared", "checkpoint")
 TOL = 1e-10
@@ -35,7 +36,7 @@ def randomize_norms(model, seed=0):
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for module in model.modules():
-            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            if isinstance(module, layers.NORM_TYPES):
                 c = module.num_features
                 sign = torch.where(torch.rand(c, generator=generator) < 0.2, -1.0, 1.0)
                 module.weight.copy_(sign * (0.5 + torch.rand(c, generator=generator)))
@@ -311,7 +312,7 @@ def test_parameter_counts_match_the_papers(build, millions):
     (lambda: densenet_bc(4, 12), "depth=4"),
     (lambda: densenet_bc(40, 0), "growth_rate=0"),
     (lambda: densenet_bc(40, 12, impl="fast"), "impl='fast'.*naive, shared, checkpoint"),
-    (lambda: densenet_bc(40, 12, norm="gn"), "norm='gn'.*bn, iabn"),
+    (lambda: densenet_bc(40, 12, norm="gn"), "norm='gn'.*allowed: bn, iabn, iabn_sync"),
     (lambda: densenet_bc(40, 12, compression=0), "compression=0"),
     (lambda: densenet_bc(40, 12, preact="yes"), "preact='yes'"),
     (lambda: densenet_bc(40, 12, drop_rate=1), "drop_rate=1"),
@@ -322,3 +323,155 @@ def test_parameter_counts_match_the_papers(build, millions):
 def test_bad_arguments_are_named(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# --------------------------------------------------------------------------- features
+CONFIGS_ALL_NORMS = list(itertools.product(("bn", "iabn", "iabn_sync"), (True, False), IMPLS))
+
+
+@pytest.mark.parametrize("norm, preact, impl", CONFIGS_ALL_NORMS)
+def test_features_run_on_their_own(norm, preact, impl):
+    """``model.features(x)`` is the final feature map; the classifier reads it as forward does
+    (torchvision's ReLU after the final BN for norm="bn", pre-activation)."""
+    torch.manual_seed(6)
+    model, shape = tiny(impl, "imagenet", norm=norm, preact=preact)
+    model = randomize_norms(model.double()).eval()
+    x = torch.randn(shape, dtype=torch.float64)
+    with torch.no_grad():
+        features = model.features(x)
+        assert isinstance(features, torch.Tensor)
+        assert features.shape == (shape[0], model.classifier.in_features, 2, 2)
+        if norm == "bn" and preact:
+            features = torch.relu(features)
+        pooled = torch.flatten(torch.nn.functional.adaptive_avg_pool2d(features, 1), 1)
+        torch.testing.assert_close(model.classifier(pooled), model(x), rtol=1e-12, atol=1e-12)
+        # a slice of the features runs too, and ends with one tensor
+        assert isinstance(model.features[:5](x), torch.Tensor)  # up to the first dense block
+
+
+@pytest.mark.parametrize("norm", ("bn", "iabn"))
+def test_features_train_the_same_in_every_implementation(norm):
+    """A training step through ``features`` alone: same output, gradients and statistics in
+    the three implementations."""
+    torch.manual_seed(8)
+    reference, shape = tiny("naive", norm=norm)
+    reference = randomize_norms(reference.double())
+    x = torch.randn(shape, dtype=torch.float64)
+    grad = torch.randn(shape[0], reference.classifier.in_features, 2, 2, dtype=torch.float64)
+
+    def features_step(model):
+        model.zero_grad(set_to_none=True)
+        leaf = x.clone().requires_grad_()
+        out = model.features(leaf)
+        out.backward(grad)
+        result = {"output": out.detach(), "input grad": leaf.grad}
+        result.update({f"grad {n}": p.grad for n, p in model.named_parameters()
+                       if p.grad is not None})
+        result.update({f"buffer {n}": b.clone() for n, b in model.named_buffers()})
+        return result
+
+    expected = features_step(build_like(reference, "naive", "cifar", norm=norm))
+    assert expected["grad features.conv0.weight"].abs().sum() > 0
+    for impl in ("shared", "checkpoint"):
+        assert_same(features_step(build_like(reference, impl, "cifar", norm=norm)), expected)
+
+
+def test_shared_features_keep_the_memory_behaviour():
+    """``features`` of the shared implementation saves what the whole model saves, minus the
+    classifier's input: a few per-sample vectors, not feature maps."""
+    torch.manual_seed(0)
+    model = densenet_bc(40, 6, impl="shared")
+    x = torch.randn(4, 3, 16, 16)
+    model(x).sum().backward()  # sizes the storages
+    whole = saved_tensor_bytes(model, x)[0]
+
+    class Features(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.features = model.features
+
+        def forward(self, x):
+            return self.features(x)
+
+    alone = saved_tensor_bytes(Features(), x)[0]
+    assert 0 <= whole - alone < 0.02 * whole
+
+
+# --------------------------------------------------------------------------- torchvision weights
+def legacy_keys(state_dict):
+    """torchvision's released key names: ``denselayerN.norm.1`` for ``denselayerN.norm1``, and
+    no ``num_batches_tracked`` (checkpoints saved before PyTorch 0.4.1), no version metadata."""
+    import re
+    from collections import OrderedDict
+
+    pattern = re.compile(r"^(.*denselayer\d+\.(?:norm|conv))([12])\.(.*)$")
+    return OrderedDict((pattern.sub(r"\1.\2.\3", key), value) for key, value in state_dict.items()
+                       if not key.endswith("num_batches_tracked"))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_torchvision_legacy_checkpoint_loads_and_computes_the_same(impl):
+    torch.manual_seed(9)
+    theirs = randomize_norms(torchvision.models.densenet121()).double().eval()
+    legacy = legacy_keys(theirs.state_dict())
+    assert "features.denseblock1.denselayer1.norm.1.weight" in legacy
+    assert "features.denseblock4.denselayer16.conv.2.weight" in legacy
+    before = dict(legacy)
+    ours = densenet121(impl=impl).double().eval()
+    with torch.no_grad():
+        for buffer in ours.buffers():
+            if buffer.dtype == torch.long:
+                buffer.fill_(3)
+    result = load_torchvision_state_dict(ours, legacy)
+    assert not result.missing_keys and not result.unexpected_keys
+    assert list(legacy) == list(before)  # the caller's dict is not renamed in place
+    # no num_batches_tracked in the checkpoint: kept as it is, as nn.BatchNorm2d does
+    assert all(int(b) == 3 for b in ours.buffers() if b.dtype == torch.long)
+    x = torch.randn(1, 3, 64, 64, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(ours.features(x), theirs.features(x), rtol=1e-10,
+                                   atol=1e-12)
+
+
+def test_current_torchvision_keys_load_too_and_bad_model_is_refused():
+    theirs = torchvision.models.DenseNet(4, (2, 1, 2, 1), 8, num_classes=5)
+    ours = DenseNet(4, (2, 1, 2, 1), 8, num_classes=5, impl="naive")
+    result = load_torchvision_state_dict(ours, theirs.state_dict())
+    assert not result.missing_keys and not result.unexpected_keys
+    with pytest.raises(TypeError, match="DenseNet"):
+        load_torchvision_state_dict(theirs, theirs.state_dict())
+
+
+# --------------------------------------------------------------------------- norms
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("preact", (True, False))
+def test_iabn_sync_without_process_group_equals_iabn(impl, preact):
+    torch.manual_seed(10)
+    reference = randomize_norms(tiny(impl, norm="iabn", preact=preact)[0].double())
+    model = tiny(impl, norm="iabn_sync", preact=preact)[0].double()
+    model.load_state_dict(reference.state_dict())
+    kinds = {type(m) for m in model.modules() if isinstance(m, layers.NORM_TYPES)}
+    assert kinds == ({layers.ABNSync, layers.InPlaceABNSync} if preact
+                     else {layers.InPlaceABNSync})
+    x = torch.randn(3, 3, 8, 8, dtype=torch.float64)
+    grad = torch.randn(3, 10, dtype=torch.float64)
+    for got, want in zip(train_eval_nograd(model, x, grad),
+                         train_eval_nograd(reference, x, grad)):
+        assert got.keys() == want.keys()
+        for key in want:
+            assert torch.equal(got[key], want[key]), key
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_torch_sync_batchnorm_in_the_memory_efficient_paths(impl):
+    """After torch's converter, norm="bn" networks hold SyncBatchNorm: the shared and
+    checkpointed paths recompute through them without counting a batch twice (one process,
+    so nothing is synchronised) and compute what the plain network computes."""
+    torch.manual_seed(12)
+    reference = randomize_norms(tiny("naive")[0].double())
+    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(build_like(reference, impl, "cifar"))
+    assert any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules())
+    x = torch.randn(3, 3, 8, 8, dtype=torch.float64)
+    grad = torch.randn(3, 10, dtype=torch.float64)
+    assert_same(step(model.train(), x, grad), step(reference.train(), x, grad))

@@ -102,6 +102,35 @@ def test_claims_without_results_are_not_run_and_every_run_gets_a_row(artifacts):
     assert got[("densenet_pytorch_500_layers", "-")] == claims.NOT_RUN
 
 
+def test_claims_of_experiments_without_a_module_are_not_implemented(artifacts, monkeypatch):
+    """"not implemented" follows whether experiments/<id>.py exists, not a list."""
+    claim = {"id": "some_claim", "experiment": "densenet_fig5_time"}
+    [(_, _, outcome)] = claims.evaluate(claim, artifacts)
+    assert outcome.verdict == claims.NOT_RUN
+    [(_, _, outcome)] = claims.evaluate({**claim, "experiment": "densenet_fig9_unheard"},
+                                        artifacts)
+    assert (outcome.verdict, outcome.reason) == (
+        claims.NOT_IMPLEMENTED, "no experiments/densenet_fig9_unheard.py (and so no Snakemake "
+        "rule) yet")
+
+    # Every claim of the papers: "not implemented" exactly where the module is missing.
+    modules = {p.stem for p in (ROOT / "experiments").glob("*.py")}
+    for (claim_id, run), verdict in verdicts(artifacts).items():
+        experiment = next(c["experiment"] for c in claims.load_claims(artifacts)
+                          if c["id"] == claim_id)
+        assert verdict == (claims.NOT_RUN if experiment in modules
+                           else claims.NOT_IMPLEMENTED), claim_id
+
+    # A module added (here: a directory of modules standing in for experiments/) counts.
+    fake = artifacts / "modules"
+    fake.mkdir()
+    (fake / "densenet_fig9_unheard.py").write_text("")
+    monkeypatch.setattr(claims, "EXPERIMENTS_DIR", fake)
+    [(_, _, outcome)] = claims.evaluate({**claim, "experiment": "densenet_fig9_unheard"},
+                                        artifacts)
+    assert outcome.verdict == claims.NOT_RUN
+
+
 def test_results_without_an_evaluator_are_an_error(artifacts):
     write(artifacts, "densenet_fig4_memory", "smoke-cpu", pd.DataFrame({"device": ["cpu"]}))
     claim = {"id": "densenet_unheard_of", "experiment": "densenet_fig4_memory"}
@@ -119,6 +148,7 @@ def test_report_lists_every_claim_and_is_written_atomically(artifacts, tmp_path)
         assert f"`{claim['id']}`" in text
     assert "## Pleiss et al. 2017" in text and "## Rota Bulò et al. 2018" in text
     assert "| smoke-cpu | a device |" in text
+    assert f"**{claims.NOT_IMPLEMENTED}**" in text  # in the legend at least
 
 
 # --------------------------------------------------------------------------- DenseNet Figs. 4, 5

@@ -1,5 +1,6 @@
 """Every figure notebook executes top to bottom against a small artifact set and writes its
 figure (PNG, PDF) and table (Markdown, LaTeX)."""
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +9,7 @@ import pytest
 
 from experiments.report import aggregate, render
 from experiments.records import paths
+from experiments.train.data import generate_cifar, generate_imagenet
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "test-cpu"
@@ -39,22 +41,68 @@ TINY_POINTS = {
 NOTEBOOKS = sorted(p.stem for p in (ROOT / "figures").glob("*.ipynb"))
 
 
+#: experiment -> {point: arguments of one tiny training point}; ``{data}`` is the generated
+#: data sets' root.
+TINY_TRAINING = {
+    "densenet_fig2_preact": {
+        f"cifar10_{order}": ["--dataset", "cifar10", "--data", "{data}/cifar10", "--model-arg",
+                             "depth=10", "--model-arg", "growth_rate=4", "--model-arg",
+                             f"preact={order == 'preact'}", "--epochs", "2", "--batch", "16",
+                             "--schedule", "cifar"]
+        for order in ("preact", "postact")},
+    "densenet_fig6_imagenet": {
+        f"densenet264_k{k}_{schedule}": [
+            "--data", "{data}/imagenet", "--model", "densenet264", "--model-arg",
+            f"growth_rate={k}", "--epochs", "1",
+            "--batch", "8", "--schedule", schedule, "--resize", "36", "--crop", "32",
+            "--eval", "center224=center:36:32"]
+        for k, schedule in ((2, "step"), (3, "cosine"))},
+    "iabn_table1_imagenet": {
+        **{f"resnext101_{norm}_{batch}": [
+            "--data", "{data}/imagenet", "--model", "resnext101", "--model-arg",
+            "width=0.03125", "--norm", norm, "--epochs", "1", "--batch", "8", "--schedule",
+            "step", "--resize", "20", "--crop", "16", "--eval", "center224=center:20:16",
+            "--eval", "crops10_224=ten_crop:20:16", "--eval", "center320=center:24:24"]
+           for norm, batch in (("bn", 256), ("iabn", 512))},
+        "parity_resnext101": ["parity", "--data", "{data}/imagenet", "--model", "resnext101",
+                              "--model-arg", "width=0.03125", "--steps", "3", "--batch", "4",
+                              "--resize", "20", "--crop", "16"]},
+}
+
+
+def _command(experiment, name, args, root, data):
+    """The command line of one tiny point writing under ``root``."""
+    out = paths.point_json(experiment, RUN, name, root)
+    if experiment not in TINY_TRAINING:
+        return [*args, "--warmup", "0", "--repeats", "1", "--out", out]
+    args = [a.format(data=data) for a in args]
+    if args[0] == "parity":
+        return [*args, "--out", out]
+    return [*args, "--out", out, "--epochs-csv", paths.epochs_csv(experiment, RUN, name, root),
+            "--weights", paths.weights(experiment, RUN, name, root),
+            "--work-dir", paths.work_dir(experiment, RUN, name, root)]
+
+
 @pytest.fixture(scope="module")
 def artifact_set(tmp_path_factory):
-    """Tiny real points of every experiment (measured in parallel), aggregated per run."""
+    """Tiny real points of every experiment (measured in parallel, the training ones on
+    generated data sets), aggregated per run, and the papers' numbers the notebooks show."""
     root = tmp_path_factory.mktemp("artifacts")
+    data = tmp_path_factory.mktemp("data")
+    generate_cifar(data / "cifar10", "cifar10", train_per_class=4, test_per_class=2)
+    generate_imagenet(data / "imagenet", classes=4, train_per_class=4, val_per_class=2)
+    shutil.copytree(ROOT / "artifacts" / "paper", root / "paper")
     jobs = []
-    for experiment, points in TINY_POINTS.items():
+    for experiment, points in {**TINY_POINTS, **TINY_TRAINING}.items():
         for name, args in points.items():
-            out = Path(paths.point_json(experiment, RUN, name, root))
             jobs.append(subprocess.Popen(
-                [sys.executable, "-m", f"experiments.{experiment}", *args, "--warmup", "0",
-                 "--repeats", "1", "--out", str(out)],
+                [sys.executable, "-m", f"experiments.{experiment}",
+                 *_command(experiment, name, args, root, data)],
                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     for job in jobs:
-        _, err = job.communicate(timeout=300)
+        _, err = job.communicate(timeout=600)
         assert job.returncode == 0, err
-    for experiment, points in TINY_POINTS.items():
+    for experiment, points in {**TINY_POINTS, **TINY_TRAINING}.items():
         aggregate.main([*(paths.point_json(experiment, RUN, p, root) for p in points),
                         "--out", paths.aggregate_csv(experiment, RUN, root)])
     return root
@@ -62,7 +110,7 @@ def artifact_set(tmp_path_factory):
 
 def test_every_notebook_has_a_small_artifact_set():
     assert NOTEBOOKS, "no notebooks in figures/"
-    assert set(NOTEBOOKS) <= set(TINY_POINTS), "add tiny points for the new notebook"
+    assert set(NOTEBOOKS) <= {*TINY_POINTS, *TINY_TRAINING}, "add tiny points for the notebook"
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS)
@@ -86,3 +134,32 @@ def test_a_notebook_without_artifacts_fails_with_the_missing_file(tmp_path, caps
     assert status == 1
     assert f"{NOTEBOOKS[0]}.none-cpu.csv does not exist" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_notebook_reads_the_artifacts_of_the_checkout_it_lies_in(tmp_path, monkeypatch):
+    """In Jupyter the kernel starts in the notebook's directory: the default locations follow
+    that checkout, not the one the package was installed from; the variables still win."""
+    clone = tmp_path / "clone"
+    (clone / "artifacts").mkdir(parents=True)
+    (clone / "figures").mkdir()
+    (clone / "Snakefile").write_text("")
+    for name in ("ARTIFACTS_DIR", "ARTIFACTS_RUN", "FIGURES_DIR"):
+        monkeypatch.delenv(name, raising=False)
+
+    monkeypatch.chdir(clone / "figures")
+    assert paths.checkout_root() == clone.resolve()
+    assert paths.artifacts_dir() == clone.resolve() / "artifacts"
+    assert paths.figures_dir(RUN) == clone.resolve() / "figures" / RUN
+    Path(paths.aggregate_csv("densenet_fig5_time", RUN, clone / "artifacts")).write_text("a\n1\n")
+    assert paths.current_run("densenet_fig5_time") == RUN
+
+    monkeypatch.setenv("ARTIFACTS_DIR", str(tmp_path / "elsewhere"))
+    monkeypatch.setenv("FIGURES_DIR", str(tmp_path / "out"))
+    assert paths.artifacts_dir() == tmp_path / "elsewhere"
+    assert paths.figures_dir(RUN) == tmp_path / "out"
+
+    # Outside any checkout: the one the package was installed from.
+    outside = tmp_path / "notebooks"
+    outside.mkdir()
+    monkeypatch.chdir(outside)
+    assert paths.checkout_root() == paths.REPO_ROOT

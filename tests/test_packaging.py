@@ -1,4 +1,4 @@
-"""The conda environment and pyproject.toml list the same dependencies."""
+"""The conda environment and pyproject.toml list the same dependencies (every extra too)."""
 import tomllib
 from pathlib import Path
 
@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_env_yml_mirrors_pyproject():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    declared = set(project["dependencies"]) | set(project["optional-dependencies"]["dev"])
+    declared = set(project["dependencies"]).union(*project["optional-dependencies"].values())
     environment = yaml.safe_load((ROOT / "env.yml").read_text())
     pip_section = next(d["pip"] for d in environment["dependencies"] if isinstance(d, dict))
     listed = {entry for entry in pip_section if not entry.startswith("-e")}

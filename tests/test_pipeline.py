@@ -1,10 +1,13 @@
 """The Snakemake pipeline: both profiles plan every experiment, a bad configuration stops the
-run before any job with an error naming the culprit, and a run resumes where it stopped.
+run before any job with an error naming the culprit, a run resumes where it stopped, and a
+rerun measures exactly the points that are missing or whose code changed.
 
 Every test runs Snakemake on the repository's Snakefile in a temporary working directory
-(holding a copy of ``artifacts/paper``), so the repository's own artifacts are never touched.
+(holding a copy of ``artifacts/paper``), or on a temporary copy of the code (the rerun tests edit
+it), so the repository's own artifacts and code are never touched.
 """
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -12,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from experiments.records import sources
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = ("smoke", "paper")
@@ -67,9 +72,12 @@ def test_dry_run_plans_every_experiment(workdir, name):
         assert f"artifacts/{experiment}.{run}.csv" in result.stdout
         for suffix in ("png", "pdf", "md", "tex"):
             assert f"figures/{run}/{experiment}.{suffix}" in result.stdout
-    assert counts["aggregate"] == counts["render"] == len(EXPERIMENT_POINTS)
+    # One CSV and one notebook per experiment: these and the training experiments.
+    planned_csvs = set(re.findall(rf"artifacts/(\w+)\.{run}\.csv", result.stdout))
+    assert set(EXPERIMENT_POINTS) <= planned_csvs
+    assert counts["aggregate"] == counts["render"] == len(planned_csvs)
     assert counts["claims"] == counts["bench_kernels"] == counts["all"] == 1
-    assert f"artifacts/bench_kernels/{config['device']}.json" in result.stdout
+    assert f"artifacts/bench_kernels/{run}.json" in result.stdout
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENT_POINTS)
@@ -129,3 +137,141 @@ def test_run_writes_points_and_csv_and_resumes_where_it_stopped(workdir):
     assert second.returncode == 0, second.stderr
     assert job_counts(second.stdout + second.stderr) == {"densenet_fig2_contiguous_point": 1,
                                                           "aggregate": 1}
+
+
+# --------------------------------------------------------------------------- rerunning
+#: Two experiments, one that imports layers/ and one that does not.
+RERUN_TARGETS = ("densenet_fig2_contiguous", "densenet_fig4_memory")
+
+
+def test_module_sources_follow_imports_subprocesses_and_import_module():
+    fig4 = sources.module_sources("experiments.densenet_fig4_memory", root=ROOT, relative_to=ROOT)
+    for path in ("experiments/__init__.py", "experiments/densenet_fig4_memory.py",
+                 "experiments/records/__init__.py", "experiments/records/point.py",
+                 "experiments/measure/step.py", "layers/__init__.py", "layers/densenet.py",
+                 "experiments/measure/__main__.py",  # python -m experiments.measure
+                 "layers/kernels/cpu.py", "layers/kernels/cuda.py"):  # import_module(".cpu")
+        assert path in fig4, path
+    assert fig4 == sorted(fig4) and not any("iabn_table1" in p for p in fig4)
+    fig2 = sources.module_sources("experiments.densenet_fig2_contiguous", root=ROOT,
+                                  relative_to=ROOT)
+    assert "experiments/densenet_fig2_contiguous.py" in fig2
+    assert not any(p.startswith("layers/") for p in fig2)  # it runs torch's convolution only
+    notebook = sources.notebook_sources(ROOT / "figures" / "densenet_fig4_memory.ipynb",
+                                        root=ROOT, relative_to=ROOT)
+    assert {"experiments/report/figure_io.py", "experiments/report/analysis.py"} <= set(notebook)
+    with pytest.raises(ValueError, match="experiments.no_such_experiment"):
+        sources.module_sources("experiments.no_such_experiment", root=ROOT)
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory):
+    """A copy of the code (Snakefile, experiments/, layers/, the notebooks, artifacts/paper)
+    whose targets ``RERUN_TARGETS`` are built, as fake empty files that Snakemake marked up to
+    date (``--touch``, which also records their inputs' checksums). Tests leave it so."""
+    root = tmp_path_factory.mktemp("checkout")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("experiments", "layers"):
+        shutil.copytree(ROOT / name, root / name, ignore=ignore)
+    shutil.copy2(ROOT / "Snakefile", root / "Snakefile")
+    (root / "figures").mkdir()
+    for notebook in (ROOT / "figures").glob("*.ipynb"):
+        shutil.copy2(notebook, root / "figures")
+    shutil.copytree(ROOT / "artifacts" / "paper", root / "artifacts" / "paper")
+    plan = snakemake_in(root, "-n", *RERUN_TARGETS)
+    assert plan.returncode == 0, plan.stderr
+    outputs = [f for line in re.findall(r"^\s+output: (.+)$", plan.stdout, re.M)
+               for f in line.split(", ")]
+    assert outputs
+    for output in outputs:
+        (root / output).parent.mkdir(parents=True, exist_ok=True)
+        (root / output).touch()
+    touch(root, "--forceall")
+    return root
+
+
+def snakemake_in(checkout, *args):
+    """Snakemake on the Snakefile of ``checkout``, in it."""
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(checkout / "Snakefile"), "-d",
+         str(checkout), "--nolock", *args], capture_output=True, text=True, timeout=300)
+
+
+def touch(checkout, *args):
+    """Mark the outputs of ``RERUN_TARGETS`` up to date without running anything."""
+    result = snakemake_in(checkout, "--cores", "1", "--touch", *args, *RERUN_TARGETS)
+    assert result.returncode == 0, result.stderr
+
+
+def planned(checkout, *args):
+    """``{rule: count}`` of a dry run, ``{}`` when there is nothing to do."""
+    result = snakemake_in(checkout, "-n", *args)
+    assert result.returncode == 0, result.stderr
+    if "Nothing to be done" in result.stdout + result.stderr:
+        return {}
+    return job_counts(result.stdout)
+
+
+def edit(path, text="\n# edited\n"):
+    """Append ``text`` to ``path``; return a function that restores its content."""
+    original = path.read_text()
+    path.write_text(original + text)
+    return lambda: path.write_text(original)
+
+
+def point_count(experiment):
+    return len(EXPERIMENT_POINTS[experiment](profile("smoke")[experiment]))
+
+
+def test_a_deleted_point_is_measured_again_and_only_it(checkout):
+    point = EXPERIMENT_POINTS["densenet_fig4_memory"](profile("smoke")["densenet_fig4_memory"])[1]
+    path = checkout / f"artifacts/densenet_fig4_memory/smoke-cpu/{point}.json"
+    path.unlink()
+    # `snakemake` (rule all; the other experiments are not built in this checkout) ...
+    counts = planned(checkout)
+    assert counts["densenet_fig4_memory_point"] == 1
+    assert "densenet_fig2_contiguous_point" not in counts
+    # ... and `snakemake densenet_fig4_memory`.
+    assert planned(checkout, "densenet_fig4_memory") == {
+        "densenet_fig4_memory_point": 1, "aggregate": 1, "render": 1, "densenet_fig4_memory": 1}
+    path.touch()
+    touch(checkout)
+
+
+def test_editing_code_reruns_exactly_the_points_that_run_it(checkout):
+    fig4, fig2 = point_count("densenet_fig4_memory"), point_count("densenet_fig2_contiguous")
+
+    def points_planned():
+        counts = planned(checkout, *RERUN_TARGETS)
+        return (counts.get("densenet_fig4_memory_point", 0),
+                counts.get("densenet_fig2_contiguous_point", 0))
+
+    # Touched but unchanged (a checkout, an editor's save): its checksum is the recorded one.
+    (checkout / "experiments/densenet_fig4_memory.py").touch()
+    assert planned(checkout, *RERUN_TARGETS) == {}
+
+    for module, expected in (("experiments/densenet_fig4_memory.py", (fig4, 0)),  # experiment
+                             ("layers/densenet.py", (fig4, 0)),  # library, Fig. 4's only
+                             ("experiments/records/point.py", (fig4, fig2))):  # shared
+        restore = edit(checkout / module)
+        assert points_planned() == expected, module
+        restore()  # back to the content the points were measured with
+
+    restore = edit(checkout / "experiments/report/figure_io.py")  # the notebooks' helpers
+    assert planned(checkout, *RERUN_TARGETS) == {"render": 2, **{t: 1 for t in RERUN_TARGETS}}
+    restore()
+    assert planned(checkout, *RERUN_TARGETS) == {}
+
+
+def test_the_readme_commands_measure_one_experiment_anew(checkout):
+    """Every `snakemake <id> --forcerun <id>_point` in the README remeasures every point of
+    <id> (built here for Fig. 4), re-aggregates and re-renders it, and runs nothing else."""
+    readme = (ROOT / "README.md").read_text()
+    commands = [shlex.split(line.split("#")[0])
+                for line in re.findall(r"^snakemake .*--forcerun.*$", readme, re.M)]
+    assert "densenet_fig4_memory" in {args[3] for args in commands}
+    for args in commands:
+        assert args[:3] == ["snakemake", "--cores", "2"] and args[4] == "--forcerun", args
+        experiment = args[3]
+        assert planned(checkout, *args[1:]) == {f"{experiment}_point": point_count(experiment),
+                                                "aggregate": 1, "render": 1, experiment: 1}, args

@@ -1,5 +1,6 @@
-"""The networks of the InPlace-ABN paper's Sec. 4.1-4.2: ResNeXt-101, WideResNet-38 and the
-DeepLabV3 head, with STD-BN (``norm="bn"``) or InPlace-ABN (``norm="iabn"``).
+"""The networks of the InPlace-ABN paper's Sec. 4.1-4.2: ResNeXt-101/152, WideResNet-38 and the
+DeepLabV3 head, with STD-BN (``norm="bn"``), InPlace-ABN (``norm="iabn"``) or InPlace-ABN sync
+(``norm="iabn_sync"``); and every model that trains here (with the DenseNets) in each norm.
 
 Tiny widths and inputs keep the tests fast; the full-size networks are built on the meta device
 to count their parameters.
@@ -9,10 +10,11 @@ import torch
 import torch.nn as nn
 import torchvision
 
-from layers import ABN, InPlaceABN
+import layers
+from layers import ABN, NORM_TYPES, InPlaceABN
 from layers.deeplab import ASPP, atrous_rates, deeplabv3
 from layers.residual import BatchNormAct2d, Bottleneck, NormAct, PreActBlock, stage_dilations
-from layers.resnext import ResNeXt, resnext101
+from layers.resnext import ResNeXt, resnext101, resnext152
 from layers.wideresnet import WideResNet, wideresnet38
 from experiments.measure.saved_tensors import saved_storages
 
@@ -139,7 +141,7 @@ def randomize_norms(model):
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
+            if isinstance(m, NORM_TYPES):
                 shape = m.weight.shape
                 m.weight.copy_(torch.rand(shape, generator=generator) + 0.5)
                 m.bias.copy_(torch.randn(shape, generator=generator))
@@ -253,7 +255,13 @@ def test_identity_shortcut_is_a_copy_and_the_input_is_overwritten():
     (lambda: ResNeXt((1, 1, 1, 1), output_stride=12), "output_stride=12 must be a power of two"),
     (lambda: ResNeXt((1, 1, 1, 1), output_stride=2), "output_stride=2 must be a power of two"),
     (lambda: ResNeXt((1, 1, 1, 1), preact="yes"), "preact='yes' must be True or False"),
-    (lambda: ResNeXt((1, 1, 1, 1), norm="gn"), "norm='gn' is not supported"),
+    (lambda: ResNeXt((1, 1, 1, 1), norm="gn"),
+     "norm='gn' is not supported; allowed: bn, iabn, iabn_sync"),
+    (lambda: resnext152(norm="sync"), "norm='sync' is not supported; allowed: bn, iabn, iabn_sync"),
+    (lambda: wideresnet38(norm="gn"), "norm='gn' is not supported; allowed: bn, iabn, iabn_sync"),
+    (lambda: deeplabv3(norm="gn"), "norm='gn' is not supported; allowed: bn, iabn, iabn_sync"),
+    (lambda: ResNeXt((1, 1, 1, 1), norm="iabn_sync", activation="relu"),
+     "relu is not invertible"),
     (lambda: ResNeXt((1, 1, 1, 1), norm="iabn", activation="relu"), "relu is not invertible"),
     (lambda: resnext101(width=0), "width=0 must be a number > 0"),
     (lambda: WideResNet(TINY_WRN[:5]), "stages has 5 entries"),
@@ -267,3 +275,121 @@ def test_identity_shortcut_is_a_copy_and_the_input_is_overwritten():
 def test_bad_arguments_name_the_argument(build, message):
     with pytest.raises(ValueError, match=message):
         build()
+
+
+# --------------------------------------------------------------------------- every model, norm
+NORMS = ("bn", "iabn", "iabn_sync")
+#: Every network that trains here, by name: (full-size builder, tiny builder of the same
+#: layout, input shape of the tiny one). Tiny: widths scaled down, or small growth rates.
+MODELS = {
+    "resnext101": (lambda norm: resnext101(norm=norm),
+                   lambda norm: resnext101(num_classes=5, width=1 / 32, norm=norm),
+                   (2, 3, 32, 32)),
+    "resnext152": (lambda norm: resnext152(norm=norm),
+                   lambda norm: resnext152(num_classes=5, width=1 / 32, norm=norm),
+                   (2, 3, 32, 32)),
+    "wideresnet38": (lambda norm: wideresnet38(norm=norm),
+                     lambda norm: wideresnet38(num_classes=5, width=1 / 32, norm=norm),
+                     (2, 3, 32, 32)),
+    "densenet264-k32": (lambda norm: layers.densenet264(norm=norm),
+                        lambda norm: layers.densenet264(growth_rate=2, num_classes=5, norm=norm),
+                        (2, 3, 32, 32)),
+    "densenet264-k48": (lambda norm: layers.densenet264(growth_rate=48, norm=norm),
+                        lambda norm: layers.densenet264(growth_rate=3, num_classes=5, norm=norm,
+                                                        impl="checkpoint"),
+                        (2, 3, 32, 32)),
+    "densenet232-k48": (lambda norm: layers.densenet232(norm=norm),
+                        lambda norm: layers.densenet232(growth_rate=3, num_classes=5, norm=norm,
+                                                        impl="naive"),
+                        (2, 3, 32, 32)),
+    "densenet-bc-100-k12": (lambda norm: layers.densenet_bc(100, 12, norm=norm),
+                            lambda norm: layers.densenet_bc(100, 12, norm=norm),
+                            (2, 3, 8, 8)),
+    "densenet-bc-100-k12-postact": (
+        lambda norm: layers.densenet_bc(100, 12, norm=norm, preact=False),
+        lambda norm: layers.densenet_bc(100, 12, norm=norm, preact=False, impl="naive"),
+        (2, 3, 8, 8)),
+    "deeplabv3-resnext101": (lambda norm: deeplabv3("resnext101", norm=norm),
+                             lambda norm: deeplabv3("resnext101", num_classes=3, width=1 / 32,
+                                                    norm=norm),
+                             (2, 3, 32, 32)),
+    "deeplabv3-wideresnet38": (lambda norm: deeplabv3("wideresnet38", norm=norm),
+                               lambda norm: deeplabv3("wideresnet38", num_classes=3,
+                                                      width=1 / 32, norm=norm),
+                               (2, 3, 32, 32)),
+}
+#: The norm modules each ``norm`` may use (ABN / ABNSync where a layer must be out of place).
+NORM_KINDS = {
+    "bn": {nn.BatchNorm2d, BatchNormAct2d},
+    "iabn": {layers.InPlaceABN, layers.ABN},
+    "iabn_sync": {layers.InPlaceABNSync, layers.ABNSync},
+}
+
+
+def norm_kinds(model):
+    return {type(m) for m in model.modules() if isinstance(m, NORM_TYPES)}
+
+
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("name", MODELS)
+def test_full_size_models_use_the_norm_everywhere(name, norm):
+    with torch.device("meta"):
+        model = MODELS[name][0](norm)
+    kinds = norm_kinds(model)
+    assert kinds and kinds <= NORM_KINDS[norm], kinds
+    in_place = {"iabn": layers.InPlaceABN, "iabn_sync": layers.InPlaceABNSync}.get(norm)
+    assert in_place is None or in_place in kinds
+
+
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("name", MODELS)
+def test_models_train_with_every_norm(name, norm):
+    torch.manual_seed(0)
+    model = MODELS[name][1](norm)
+    assert norm_kinds(model) <= NORM_KINDS[norm]
+    x = torch.randn(MODELS[name][2])
+    out = model(x)
+    out.square().mean().backward()
+    assert torch.isfinite(out).all()
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert all(int(b) == 1 for n, b in model.named_buffers() if n.endswith("num_batches_tracked"))
+
+
+@pytest.mark.parametrize("name", ["resnext152", "wideresnet38", "densenet264-k32",
+                                  "densenet-bc-100-k12-postact", "deeplabv3-resnext101"])
+def test_iabn_sync_without_process_group_equals_iabn(name):
+    """No process group: InPlaceABNSync / ABNSync compute exactly what InPlaceABN / ABN do."""
+    torch.manual_seed(0)
+    build = MODELS[name][1]
+    iabn = build("iabn").double()
+    randomize_norms(iabn)
+    sync = build("iabn_sync").double()
+    sync.load_state_dict(iabn.state_dict())
+    x = torch.randn(MODELS[name][2], dtype=torch.float64)
+    results = []
+    for model in (iabn, sync):
+        inp = x.clone().requires_grad_(True)
+        out = model(inp)
+        out.backward(torch.ones_like(out))
+        results.append([out.detach(), inp.grad] + [p.grad for p in model.parameters()]
+                       + [b.clone() for b in model.buffers()])
+    assert len(results[0]) == len(results[1])
+    for got, want in zip(*results):
+        assert torch.equal(got, want)
+
+
+def test_resnext152_is_64x4d_with_blocks_3_8_36_3():
+    with torch.device("meta"):
+        model, shallower = resnext152(), resnext101()
+        # an independent count: torchvision's ResNet class with the same blocks and widths
+        theirs = torchvision.models.ResNet(torchvision.models.resnet.Bottleneck, [3, 8, 36, 3],
+                                           groups=64, width_per_group=4)
+    assert [len(model.get_submodule(f"layer{i}")) for i in (1, 2, 3, 4)] == [3, 8, 36, 3]
+    convs = [model.get_submodule(f"layer{i}")[0].conv2 for i in (1, 2, 3, 4)]
+    assert [(c.in_channels, c.groups) for c in convs] == [(256, 64), (512, 64), (1024, 64),
+                                                         (2048, 64)]
+    assert count_params(model) == count_params(theirs) == 114_971_944
+    # 101 -> 152 layers: 15 more bottlenecks of 3 convolutions in stages 2 and 3
+    assert count_params(model) - count_params(shallower) == (
+        4 * count_params(model.layer2[1]) + 13 * count_params(model.layer3[1]))

@@ -229,3 +229,34 @@ def test_without_process_group_behaves_as_inplace_abn(data, variant, activation,
         for key in W.RECORDED:
             assert torch.equal(got[step][key], want[step][key]), f"iteration {step} {key}"
     assert sync.state_dict().keys() == plain.state_dict().keys()
+
+
+# --------------------------------------------------------------------------- DDP
+@pytest.mark.parametrize("name", W.DDP_MODELS)
+def test_ddp_model_converted_by_convert_sync_batchnorm_matches_single_process(rank_results,
+                                                                              name):
+    """``layers.convert_sync_batchnorm`` + DistributedDataParallel on 2 ranks (batch split 3 +
+    5) = the unconverted model on the whole batch in one process, over two SGD steps.
+
+    The ranks' loss is the sum over their own samples; DDP averages the parameter gradients
+    over the 2 ranks, so the single-process loss is divided by 2: the gradients, the updated
+    parameters and the running statistics then agree, and each rank's input gradient is twice
+    its slice of the single-process one.
+    """
+    xs, dzs = W.make_ddp_data()
+    reference = W.train_steps(W.make_ddp_model(name), xs, dzs, loss_scale=1 / WORLD_SIZE)
+    for results in rank_results:
+        types = results["ddp"][name]["types"]
+        assert "InPlaceABNSync" in types and "InPlaceABN" not in types and "ABN" not in types
+        assert "BatchNorm2d" not in types
+    for step, want in enumerate(reference):
+        got = [results["ddp"][name]["history"][step] for results in rank_results]
+        assert got[0].keys() == want.keys()
+        where = f"{name} iteration {step}"
+        _close(torch.cat([g["output"] for g in got]), want["output"], f"{where} output")
+        _close(torch.cat([g["input_grad"] for g in got]), WORLD_SIZE * want["input_grad"],
+               f"{where} input grad")
+        for key in want:
+            if key.startswith(("grad ", "param ", "buffer ")):
+                for rank, g in enumerate(got):
+                    _close(g[key].to(want[key].dtype), want[key], f"{where} rank {rank} {key}")

@@ -42,9 +42,8 @@ import numba
 import torch
 import torch.nn as nn
 import torchvision
-from torch.nn.modules.batchnorm import _BatchNorm
 
-from layers import densenet
+from layers import NORM_TYPES, densenet
 
 from ..records.atomic import write_json_atomic
 from ..records.environment import REPO_ROOT, describe_environment
@@ -219,7 +218,7 @@ def lower_bound_bytes(model, input_shape, dtype=torch.float32):
             total.append(output.numel() * itemsize)
         elif isinstance(module, nn.Linear):
             total.append(inputs[0].numel() * itemsize)
-        elif isinstance(module, _BatchNorm):
+        elif isinstance(module, NORM_TYPES):  # torch's BNs and the ABN layers
             total.append(2 * module.num_features * itemsize)
 
     model = model.to(device="meta", dtype=dtype).train()

@@ -2,7 +2,12 @@
 aggregation, the notebooks and the claims report (so a path is spelled in one place)::
 
     artifacts/<experiment>/<run>/<point>.json   one measured point (config, results, environment)
+    artifacts/<experiment>/<run>/<point>.epochs.csv, <point>.weights.pt
+                                                a training point's per-epoch metrics, its model
+    artifacts/checkpoints/<experiment>/<run>/<point>/   an unfinished training point's checkpoint
+    artifacts/data/<dataset>/                   the data sets the smoke profile generates
     artifacts/<experiment>.<run>.csv            every point of one run, one row per measurement
+    artifacts/bench_kernels/<run>.json          the kernel micro-benchmark of one run
     artifacts/logs/<experiment>/<run>/<point>.log, artifacts/benchmarks/...   per-job log, host time
     artifacts/paper/                            the papers' own numbers, transcribed
     figures/<notebook>.ipynb                    one notebook per figure/table
@@ -11,9 +16,11 @@ aggregation, the notebooks and the claims report (so a path is spelled in one pl
 
 A *run* is ``<profile>-<device>`` (``smoke-cpu``, ``paper-cuda``), so runs of different profiles
 or devices never write the same file. Notebooks find their inputs through the environment
-variables ``ARTIFACTS_DIR`` (default ``<repo>/artifacts``), ``ARTIFACTS_RUN`` (default: the run
-whose CSV was written last) and ``FIGURES_DIR`` (default ``<repo>/figures/<run>``), which the
-pipeline and the tests set.
+variables ``ARTIFACTS_DIR`` (default ``<checkout>/artifacts``), ``ARTIFACTS_RUN`` (default: the
+run whose CSV was written last) and ``FIGURES_DIR`` (default ``<checkout>/figures/<run>``),
+which the pipeline and the tests set. ``<checkout>`` is the checkout the current directory lies
+in (:func:`checkout_root`; a Jupyter kernel starts in its notebook's directory), so a notebook
+reads the artifacts beside it even when the package was installed from another clone.
 
 Importing this module is cheap (no torch): the Snakefile imports it when it is parsed.
 """
@@ -21,7 +28,8 @@ import os
 import re
 from pathlib import Path
 
-#: The repository root (the parent of the ``experiments`` package).
+#: The root of the checkout this package was installed from (the parent of the ``experiments``
+#: package): where its code, and so its git commit, comes from.
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 #: Experiment ids, profiles and devices: lower-case words joined by underscores.
@@ -45,6 +53,22 @@ def point_json(experiment, run, point, root="artifacts"):
     return f"{root}/{experiment}/{run}/{point}.json"
 
 
+def epochs_csv(experiment, run, point, root="artifacts"):
+    """``<root>/<experiment>/<run>/<point>.epochs.csv``: a training point's per-epoch metrics."""
+    return f"{root}/{experiment}/{run}/{point}.epochs.csv"
+
+
+def weights(experiment, run, point, root="artifacts"):
+    """``<root>/<experiment>/<run>/<point>.weights.pt``: a training point's trained model."""
+    return f"{root}/{experiment}/{run}/{point}.weights.pt"
+
+
+def work_dir(experiment, run, point, root="artifacts"):
+    """``<root>/checkpoints/<experiment>/<run>/<point>``: the resumable checkpoint of an
+    unfinished training point (removed when the point finishes)."""
+    return f"{root}/checkpoints/{experiment}/{run}/{point}"
+
+
 def aggregate_csv(experiment, run, root="artifacts"):
     """``<root>/<experiment>.<run>.csv``: the aggregated points of one run."""
     return f"{root}/{experiment}.{run}.csv"
@@ -60,6 +84,12 @@ def job_benchmark(experiment, run, point, root="artifacts"):
     return f"{root}/benchmarks/{experiment}/{run}/{point}.tsv"
 
 
+def bench_kernels_json(run, root="artifacts"):
+    """``<root>/bench_kernels/<run>.json``: the kernel benchmark (experiments/bench_kernels.py)
+    of one run."""
+    return f"{root}/bench_kernels/{run}.json"
+
+
 def rendered(notebook, run, suffix, root="figures"):
     """``<root>/<run>/<notebook>.<suffix>``: a figure or table a notebook rendered."""
     return f"{root}/{run}/{notebook}.{suffix}"
@@ -72,9 +102,20 @@ def runs_of(experiment, root):
 
 
 # --------------------------------------------------------------------------- notebooks
+def checkout_root(start=None):
+    """The checkout ``start`` (default: the current directory) lies in: the nearest of it and
+    its parents that holds a ``Snakefile`` and an ``artifacts/`` directory; else
+    :data:`REPO_ROOT`, the checkout the package was installed from."""
+    start = Path(start or os.getcwd()).resolve()
+    for directory in (start, *start.parents):
+        if (directory / "Snakefile").is_file() and (directory / "artifacts").is_dir():
+            return directory
+    return REPO_ROOT
+
+
 def artifacts_dir():
-    """``$ARTIFACTS_DIR``, else ``<repo>/artifacts``."""
-    return Path(os.environ.get("ARTIFACTS_DIR") or REPO_ROOT / "artifacts")
+    """``$ARTIFACTS_DIR``, else ``<checkout>/artifacts`` (:func:`checkout_root`)."""
+    return Path(os.environ.get("ARTIFACTS_DIR") or checkout_root() / "artifacts")
 
 
 def current_run(experiment):
@@ -92,9 +133,11 @@ def current_run(experiment):
 
 
 def figures_dir(run):
-    """``$FIGURES_DIR``, else ``<repo>/figures/<run>``."""
-    return Path(os.environ.get("FIGURES_DIR") or REPO_ROOT / "figures" / run)
+    """``$FIGURES_DIR``, else ``<checkout>/figures/<run>`` (:func:`checkout_root`)."""
+    return Path(os.environ.get("FIGURES_DIR") or checkout_root() / "figures" / run)
 
 
-__all__ = ["REPO_ROOT", "run_name", "point_json", "aggregate_csv", "job_log", "job_benchmark",
-           "rendered", "runs_of", "artifacts_dir", "current_run", "figures_dir"]
+__all__ = ["REPO_ROOT", "run_name", "point_json", "epochs_csv", "weights", "work_dir",
+           "aggregate_csv", "job_log", "job_benchmark",
+           "bench_kernels_json", "rendered", "runs_of", "checkout_root", "artifacts_dir",
+           "current_run", "figures_dir"]

@@ -21,19 +21,22 @@ from .environment import describe_environment
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 SEED = 0
+#: Options of timed points only.
+TIMED = ("warmup", "repeats")
 
 
-def parser(experiment, description):
-    """An argument parser with the shared options ``--device --dtype --threads --warmup
-    --repeats --out``."""
+def parser(experiment, description, timed=True):
+    """An argument parser with the shared options ``--device --dtype --threads --out``, and
+    ``--warmup --repeats`` for a ``timed`` point (training points repeat nothing)."""
     p = argparse.ArgumentParser(prog=f"python -m experiments.{experiment}",
                                 description=description)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     p.add_argument("--threads", type=int, default=1,
                    help="threads for torch and numba (default: 1)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed runs first (default: 2)")
-    p.add_argument("--repeats", type=int, default=10, help="timed runs (default: 10)")
+    if timed:
+        p.add_argument("--warmup", type=int, default=2, help="untimed runs first (default: 2)")
+        p.add_argument("--repeats", type=int, default=10, help="timed runs (default: 10)")
     p.add_argument("--out", type=Path, required=True, help="the point's JSON artifact")
     return p
 
@@ -42,10 +45,10 @@ def check(p, args, positive=()):
     """Parse-time checks of the shared options and of ``positive`` (option names whose value
     must be >= 1 when given); errors exit with status 2 and name the option."""
     for name in ("threads", "repeats", *positive):
-        value = getattr(args, name)
+        value = getattr(args, name, None)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} {value}: must be >= 1")
-    if args.warmup < 0:
+    if getattr(args, "warmup", 0) < 0:
         p.error(f"--warmup {args.warmup}: must be >= 0")
     if args.threads > numba.config.NUMBA_NUM_THREADS:
         p.error(f"--threads {args.threads}: numba can use at most "
@@ -57,6 +60,11 @@ def check(p, args, positive=()):
         p.error(f"--out {args.out}: is a directory, expected a file path")
 
 
+def seed(args):
+    """The point's seed: its ``--seed`` where it has one (training points), else :data:`SEED`."""
+    return getattr(args, "seed", SEED)
+
+
 def setup(args):
     """Set numba's and torch's threads and the seeds; return ``(device, dtype)``.
 
@@ -66,14 +74,15 @@ def setup(args):
     """
     numba.set_num_threads(args.threads)
     torch.set_num_threads(args.threads)
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed(args))
     return torch.device(args.device), DTYPES[args.dtype]
 
 
 def shared_config(args):
     """The shared options as they go into the artifact's ``config``."""
-    return {"device": args.device, "dtype": args.dtype, "threads": args.threads,
-            "warmup": args.warmup, "repeats": args.repeats, "seed": SEED}
+    timing = {name: getattr(args, name) for name in TIMED if hasattr(args, name)}
+    return {"device": args.device, "dtype": args.dtype, "threads": args.threads, **timing,
+            "seed": seed(args)}
 
 
 def write(args, experiment, config, results):
@@ -102,4 +111,4 @@ def main(experiment, parse_args, run, summarize, argv=None):
     print(f"wrote {args.out}")
 
 
-__all__ = ["DTYPES", "SEED", "parser", "check", "setup", "shared_config", "write", "main"]
+__all__ = ["DTYPES", "SEED", "TIMED", "parser", "seed", "check", "setup", "shared_config", "write", "main"]

@@ -13,53 +13,30 @@ measured, a verdict and its reason. Verdicts:
   use (e.g. GPU timings measured on a CPU); the measured numbers are still shown;
 * ``not measured at the claimed setting``: the run did not measure the claim's setting (e.g. a
   depth it names, or a memory budget); what it did measure is shown;
-* ``not run``: no run of the experiment has results yet.
+* ``not run``: the experiment exists (its module ``experiments/<id>.py``) but no run of it has
+  results yet;
+* ``not implemented``: the experiment has no module yet (so no rule: an experiment is a module
+  and a rule), see :func:`implemented`.
 
 Adding an experiment's claims: add the entries to the paper's YAML and one evaluator per claim
-here. A claim whose experiment has results but no evaluator is an error, not a silent gap.
+here (the training experiments': in :mod:`.training_claims`), registered with
+:func:`.verdicts.evaluates`. A claim whose experiment has results but no evaluator is an error, not a silent gap.
 """
 import argparse
-import dataclasses
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
-from . import analysis
+from . import analysis, training_claims  # noqa: F401  (training_claims registers evaluators)
+from .verdicts import (EVALUATORS, NOT_IMPLEMENTED, NOT_MEASURABLE, NOT_MEASURED, NOT_REPRODUCED,
+                       NOT_RUN, REPRODUCED, Outcome, evaluates, verdict)
 from ..records import paths
 from ..records.atomic import atomic_path
 
 PAPER_FILES = ("memory_efficient_densenets.yaml", "inplace_abn.yaml")
-REPRODUCED = "reproduced"
-NOT_REPRODUCED = "not reproduced"
-NOT_MEASURABLE = "not measurable on this device"
-NOT_MEASURED = "not measured at the claimed setting"
-NOT_RUN = "not run"
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    """What a run measured for a claim, the verdict, and why."""
-
-    measured: str
-    verdict: str
-    reason: str
-
-
-EVALUATORS = {}
-
-
-def evaluates(claim_id):
-    """Register the decorated ``fn(claim, frame) -> Outcome`` as the evaluator of ``claim_id``.
-
-    ``claim`` is the claim's YAML entry, ``frame`` one run's aggregated CSV.
-    """
-    def register(fn):
-        if claim_id in EVALUATORS:
-            raise ValueError(f"claim_id={claim_id!r} already has an evaluator")
-        EVALUATORS[claim_id] = fn
-        return fn
-    return register
+#: Where the experiment modules are: ``experiments/<id>.py``.
+EXPERIMENTS_DIR = Path(__file__).resolve().parents[1]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -75,10 +52,6 @@ def _span(values):
     """``"+1.2% to +3.4%"`` (or one value) for a series of percentages."""
     low, high = values.min(), values.max()
     return f"{low:+.1f}%" if low == high else f"{low:+.1f}% to {high:+.1f}%"
-
-
-def _verdict(ok):
-    return REPRODUCED if ok else NOT_REPRODUCED
 
 
 GPU_TIMING = ("the claim is about GPU (CUDA) timings; on a CPU the kernels and their costs "
@@ -103,7 +76,7 @@ def _noncontiguous_overhead(claim, frame):
     low, high = claim["value"]
     tol = NONCONTIGUOUS_TOLERANCE_PP
     ok = low - tol <= forward.median() <= high + tol
-    return Outcome(measured, _verdict(ok), f"criterion: median forward overhead within "
+    return Outcome(measured, verdict(ok), f"criterion: median forward overhead within "
                    f"{low}-{high}% +/- {tol:g} pp")
 
 
@@ -171,7 +144,7 @@ def _shared_share_of_naive(claim, frame):
                 f"naive{_others(at_depth)}" + ("" if peak is None else
                                                  f"; peak: shared {100 * peak:.1f}% of naive"))
     bound = claim["value"] + MEMORY_SHARE_TOLERANCE_PP
-    return Outcome(measured, _verdict(at_depth["shared"] <= bound),
+    return Outcome(measured, verdict(at_depth["shared"] <= bound),
                    f"criterion: shared storage's saved bytes at most {bound:g}% of naive's at "
                    f"{depth} layers (the paper's LuaTorch {claim['value']:g}% + "
                    f"{MEMORY_SHARE_TOLERANCE_PP:g} pp; it finds PyTorch leaner still); "
@@ -194,7 +167,7 @@ def _naive_growth(claim, frame):
                 f"({saved[('naive', deep)]:.0f} vs {saved[('naive', shallow)]:.0f} MiB)"
                 + ("" if peak is None else f"; peak {peak:.1f}x"))
     low, high = claim["value"] / ROUGHLY_FACTOR, claim["value"] * ROUGHLY_FACTOR
-    return Outcome(measured, _verdict(low <= ratio <= high),
+    return Outcome(measured, verdict(low <= ratio <= high),
                    f"criterion: ratio within {low:.1f}-{high:.1f}x ('roughly "
                    f"{claim['value']:g}x' as within a factor {ROUGHLY_FACTOR:g}); {SAVED_BYTES}")
 
@@ -215,7 +188,7 @@ def _growth_order(claim, frame):
                 f"{_others(share, fmt='{:.2f}%')}; naive over {fitted.loc['naive', 'depths']}, "
                 f"shared over {fitted.loc['shared', 'depths']} depths")
     ok = (share["shared"] <= 100 * LINEAR_SHARE and share["naive"] >= 100 * QUADRATIC_SHARE)
-    return Outcome(measured, _verdict(ok),
+    return Outcome(measured, verdict(ok),
                    f"criterion: least-squares fit a + b d + c d^2 over the depths (c = half the "
                    f"second difference over the squared spacing); linear: c D^2 at most "
                    f"{100 * LINEAR_SHARE:g}% of the saved bytes at the deepest depth D, "
@@ -276,7 +249,7 @@ def _shared_time_overhead(claim, frame):
     if _device(frame) != "cuda":
         return Outcome(measured, NOT_MEASURABLE, GPU_TIMING)
     bound = claim["value"][1] + DENSENET_TIME_TOLERANCE_PP
-    return Outcome(measured, _verdict(at_depth["shared"] <= bound),
+    return Outcome(measured, verdict(at_depth["shared"] <= bound),
                    f"criterion: overhead at most {bound:g}% (the paper's PyTorch "
                    f"{claim['value'][1]:g}% + {DENSENET_TIME_TOLERANCE_PP:g} pp)")
 
@@ -299,7 +272,7 @@ def _iabn_time_overhead(claim, frame):
     if _device(frame) != "cuda":
         return Outcome(measured, NOT_MEASURABLE, GPU_TIMING)
     bound = claim["value"][1] + TIME_OVERHEAD_TOLERANCE_PP
-    return Outcome(measured, _verdict(overhead.max() <= bound),
+    return Outcome(measured, verdict(overhead.max() <= bound),
                    f"criterion: overhead at most {bound:g}% in every module (the paper's upper "
                    f"bound + {TIME_OVERHEAD_TOLERANCE_PP:g} pp)")
 
@@ -313,7 +286,7 @@ def _iabn_checkpoint_overhead(claim, frame):
                 "STANDARD")
     if _device(frame) != "cuda":
         return Outcome(measured, NOT_MEASURABLE, GPU_TIMING)
-    return Outcome(measured, _verdict(bool((checkpoint > inplace).all())),
+    return Outcome(measured, verdict(bool((checkpoint > inplace).all())),
                    "criterion: CHECKPOINTING slower than INPLACE-ABN I in every module (the "
                    "ratio of two overheads of a few percent is too noisy to test '~2x')")
 
@@ -327,7 +300,7 @@ def _iabn_memory_saving(claim, frame):
     ok = bool((abs(saving - claim["value"]) <= tol).all())
     return Outcome(f"INPLACE-ABN I/II save {saving.min():.1f}-{saving.max():.1f}% of "
                    "STANDARD's feature-map bytes",
-                   _verdict(ok), f"criterion: {claim['value']:g} +/- {tol:g}% less in every "
+                   verdict(ok), f"criterion: {claim['value']:g} +/- {tol:g}% less in every "
                    "module; feature-map buffers only, as the paper counts them (the "
                    "per-channel statistics are in the CSV); saved-tensor bytes are the same on "
                    "every device")
@@ -341,7 +314,7 @@ def _iabn_buffers(claim, frame):
              if rounded[(s, m)] != claim["value"][s]]
     measured = ", ".join(f"{s} {b.min():.2f}-{b.max():.2f}"
                          for s, b in buffers.groupby(level="strategy", sort=False))
-    return Outcome(measured, _verdict(not wrong),
+    return Outcome(measured, verdict(not wrong),
                    "criterion: saved feature-map bytes / input bytes rounds to the paper's count in every "
                    "module" + (f"; differs: {'; '.join(wrong)}" if wrong else ""))
 
@@ -355,7 +328,7 @@ def _iabn_ii_faster(claim, frame):
     measured = f"INPLACE-ABN II vs CHECKPOINTING (proposed): {_span(difference)} time"
     if _device(frame) != "cuda":
         return Outcome(measured, NOT_MEASURABLE, GPU_TIMING)
-    return Outcome(measured, _verdict(bool((ii < proposed).all())),
+    return Outcome(measured, verdict(bool((ii < proposed).all())),
                    "criterion: INPLACE-ABN II faster in every module")
 
 
@@ -389,7 +362,7 @@ def _iabn_data_increase(claim, frame):
                        "InPlace-ABN) in this run")
     gain = table.loc[key, "gain_pct"]
     low = claim["value"] - DATA_INCREASE_TOLERANCE_PP
-    return Outcome(measured, _verdict(gain >= low),
+    return Outcome(measured, verdict(gain >= low),
                    f"criterion: ResNeXt-101 FIXED CROP pixels per batch at least +{low:g}% "
                    f"over STD-BN (the paper's +{claim['value']}% less "
                    f"{DATA_INCREASE_TOLERANCE_PP:g} pp); judged at the run's scale ({scale}), "
@@ -407,11 +380,20 @@ def load_claims(artifacts):
     return claims
 
 
+def implemented(experiment):
+    """Whether ``experiment`` exists: its module ``experiments/<experiment>.py`` does (the
+    Snakefile's rule runs it)."""
+    return (EXPERIMENTS_DIR / f"{experiment}.py").is_file()
+
+
 def evaluate(claim, artifacts):
     """``[(run, device_name, Outcome)]`` for every run of the claim's experiment."""
     experiment = claim["experiment"]
     runs = paths.runs_of(experiment, artifacts)
     if not runs:
+        if not implemented(experiment):
+            return [("-", "-", Outcome("-", NOT_IMPLEMENTED, f"no experiments/{experiment}.py "
+                                       "(and so no Snakemake rule) yet"))]
         return [("-", "-", Outcome("-", NOT_RUN, f"no {experiment} results yet"))]
     evaluator = EVALUATORS.get(claim["id"])
     if evaluator is None:
@@ -439,7 +421,8 @@ def report(artifacts):
              f"Verdicts: **{REPRODUCED}** / **{NOT_REPRODUCED}** (the stated criterion holds / "
              f"fails), **{NOT_MEASURABLE}** (the claim needs hardware or software the run did "
              f"not use), **{NOT_MEASURED}** (the run did not cover the claim's setting, e.g. "
-             f"its depth), **{NOT_RUN}** (no results yet)."]
+             f"its depth), **{NOT_RUN}** (no results yet), **{NOT_IMPLEMENTED}** (no experiment "
+             "measures it yet)."]
     header = ["claim", "the paper says", "source", "run", "device", "measured", "verdict",
               "why"]
     for paper in dict.fromkeys(c["paper"] for c in claims):

@@ -39,10 +39,11 @@ def main(argv=None):
     parser.add_argument("notebook", type=Path)
     parser.add_argument("--run", required=True, help="run whose artifacts to plot, e.g. smoke-cpu")
     parser.add_argument("--artifacts", type=Path, default=paths.artifacts_dir(),
-                        help="artifact root (default: $ARTIFACTS_DIR, else <repo>/artifacts)")
+                        help="artifact root (default: $ARTIFACTS_DIR, else the artifacts/ of "
+                             "the checkout holding the current directory)")
     parser.add_argument("--out", type=Path, default=None,
                         help="where figures and tables go (default: $FIGURES_DIR, else "
-                             "<repo>/figures/<run>)")
+                             "<checkout>/figures/<run>)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per cell")
     args = parser.parse_args(argv)
     if not args.notebook.is_file():

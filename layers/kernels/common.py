@@ -2,8 +2,8 @@
 
 The scalar functions here are plain Python: ``cpu.py`` compiles them with ``numba.njit`` and
 ``cuda.py`` with ``numba.cuda.jit(device=True)``, so both backends run literally the same
-arithmetic. numba's on-disk cache is keyed on the file that defines a kernel: after editing this
-file, touch ``cpu.py`` and ``cuda.py`` (or clear their ``__pycache__``) to recompile.
+arithmetic. Their on-disk caches are keyed on this file too (:mod:`layers.kernels.caching`):
+editing it recompiles both on the next use.
 
 Canonical views
 ---------------

@@ -16,6 +16,12 @@ and the block sums added in float64; the channels-last view does the same per ch
 blocks of ``_BLOCK`` rows. The statistics subtract a per-channel sample value first (shifted
 sums), so a large mean does not cancel the variance in float32.
 
+Reproducibility: the order of every sum is fixed by the shape alone (rows of the ``(N, C, S)``
+view, chunks of ``_ROWS_PER_CHUNK`` rows of the ``(M, C)`` view, the choice of the fused
+training forward), never by the number of threads, so results are bitwise the same whatever
+``torch.set_num_threads`` says. They can differ in the last bits between machines, which may
+vectorise the sums differently (numba compiles for the host CPU).
+
 Speed: the inner loops are compiled once per (activation, backward mode) pair with both as
 constants (:func:`_specialized`), so LLVM sees straight-line, branch-free loop bodies that it
 vectorises; with the activation and mode as run-time values it does not, and the loops run
@@ -25,7 +31,11 @@ alias defeat vectorisation, see ``_target``).
 Threads: the loops run on as many threads as ``torch.get_num_threads()`` (at most
 ``NUMBA_NUM_THREADS``), so ``torch.set_num_threads`` governs both libraries.
 
-All functions compile lazily on first use and are cached on disk (``cache=True``).
+Empty inputs (no element: ``N = 0`` or a spatial size 0) launch nothing, as in ``cuda.py``:
+``moments`` is NaN (no statistics), ``backward_reduce`` zero, the other operations do nothing.
+
+All functions compile lazily on first use and are cached on disk, keyed on this file and on
+``common.py`` (:mod:`layers.kernels.caching`): editing either recompiles on the next use.
 """
 import sys
 
@@ -35,19 +45,24 @@ import torch
 from numba.core import types
 from numba.extending import overload
 
-from . import common
+from . import caching, common
 from .compose import compose_moments_forward
 from .common import ACT_ELU, ACT_IDENTITY, ACT_LEAKY_RELU, MODE_XHAT_FROM_X, MODE_XHAT_FROM_Y, \
     MODE_Y
 
-_jit_scalar = numba.njit(inline="always", cache=True)
+#: Source files besides this one whose code the kernels compile: their on-disk cache is keyed
+#: on them too (tests check that every compiled function comes from this file or these).
+DEPENDENCIES = (common.__file__,)
+
+_jit_scalar = caching.jit(numba.njit, DEPENDENCIES, inline="always")
 _act_forward = _jit_scalar(common.act_forward)
 _act_inverse = _jit_scalar(common.act_inverse)
 _act_grad = _jit_scalar(common.act_grad)
 
-_parallel = numba.njit(parallel=True, cache=True)
+_parallel = caching.jit(numba.njit, DEPENDENCIES, parallel=True)
 # Reassociation lets LLVM vectorise float64 sums; nothing else about IEEE semantics changes.
-_parallel_reduction = numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
+_parallel_reduction = caching.jit(numba.njit, DEPENDENCIES, parallel=True,
+                                  fastmath={"reassoc", "contract"})
 
 
 @_jit_scalar
@@ -89,6 +104,13 @@ def _backward_value(z, x, p, q, act, slope, floor, mode):
 # while one over ``range(start, min(start + _BLOCK, size))`` runs about half as fast.
 #: Elements summed in the data's own precision before the partial sum joins the float64 total.
 _BLOCK = 512
+#: Rows per chunk of the channels-last reductions: a multiple of ``_BLOCK``, so the blocks, and
+#: the order of the sums, depend on the shape only (not on the number of threads).
+_ROWS_PER_CHUNK = 4 * _BLOCK
+#: Channels from which the in-place training forward fuses statistics and output per channel
+#: (parallel over channels): a constant, so that the choice, which changes the last bits of the
+#: result, does not follow the thread count.
+_FUSED_MIN_CHANNELS = 32
 
 
 def _target(out, x):
@@ -128,7 +150,7 @@ def _shifted_row_sums(row, k):
     return s1, s2
 
 
-@numba.njit(cache=True)
+@caching.jit(numba.njit, DEPENDENCIES)
 def _finish_moments(s1, s2, shift, count):
     """``(mean, M2)`` from sums ``s1``, ``s2`` of ``x - shift`` over ``count`` elements."""
     return shift + s1 / count, np.maximum(s2 - s1 * s1 / count, 0.0)
@@ -377,8 +399,25 @@ def _follow_torch_threads():
 
 
 def _chunks(rows):
-    """Row blocks a channels-last loop is split into: a few per thread."""
+    """Row blocks an element-wise channels-last loop is split into: a few per thread."""
     return max(1, min(rows, 4 * numba.get_num_threads()))
+
+
+def _reduction_chunks(rows):
+    """Row blocks a channels-last reduction is split into: ``_ROWS_PER_CHUNK`` rows each (the
+    last one fewer), whatever the number of threads, so the sums do not depend on it."""
+    return max(1, -(-rows // _ROWS_PER_CHUNK))
+
+
+def _empty(x):
+    """Whether the canonical view ``x`` holds no element (then no kernel runs)."""
+    return x.numel() == 0
+
+
+def _nan_moments(x):
+    """The ``moments`` of an empty view: NaN, as the CUDA backend returns."""
+    return torch.full((2, x.shape[1 if x.dim() == 3 else -1]), float("nan"),
+                      dtype=torch.float64)
 
 
 def _scalar(value, like):
@@ -388,24 +427,29 @@ def _scalar(value, like):
 
 def moments(x):
     """Per-channel ``[mean, M2]`` (float64, shape ``(2, C)``) of a canonical view."""
+    if _empty(x):
+        return _nan_moments(x)
     _follow_torch_threads()
     if x.dim() == 3:
         return torch.from_numpy(_moments_ncs(_np(x)))
-    return torch.from_numpy(_moments_mc(_np(x), _chunks(x.shape[0])))
+    return torch.from_numpy(_moments_mc(_np(x), _reduction_chunks(x.shape[0])))
 
 
 def moments_forward(x, out, gamma, beta, eps, act, slope):
     """``moments(x)``, and ``out = act(gamma * (x - mean) / sqrt(var + eps) + beta)``.
 
-    The training forward in one call. In place, with enough channels for every thread, each
-    channel's statistics and output are computed back to back while its data is in cache, so
-    the input is read from memory once instead of twice (measured: about as fast as a copy of
-    the tensor). Out of place, or with few channels, the two passes run one after the other:
-    writing a second tensor channel by channel measured slower than the row-wise ``forward``.
-    ``gamma``, ``beta``: float64 ``(C,)``.
+    The training forward in one call. In place, with at least ``_FUSED_MIN_CHANNELS`` channels
+    (to spread over the threads), each channel's statistics and output are computed back to
+    back while its data is in cache, so the input is read from memory once instead of twice
+    (measured: about as fast as a copy of the tensor). Out of place, or with fewer channels,
+    the two passes run one after the other: writing a second tensor channel by channel
+    measured slower than the row-wise ``forward``.
+    ``gamma``, ``beta``: float64 ``(C,)``. An empty view writes nothing; its moments are NaN.
     """
+    if _empty(x):
+        return _nan_moments(x)
     _follow_torch_threads()
-    fused = x.dim() == 3 and _in_place(out, x) and x.shape[1] >= 4 * numba.get_num_threads()
+    fused = x.dim() == 3 and _in_place(out, x) and x.shape[1] >= _FUSED_MIN_CHANNELS
     if not fused:
         return compose_moments_forward(sys.modules[__name__], x, out, gamma, beta, eps, act,
                                        slope)
@@ -417,6 +461,8 @@ def moments_forward(x, out, gamma, beta, eps, act, slope):
 
 def forward(x, out, a, b, act, slope):
     """``out = act(x * a + b)`` per channel; ``out`` may be ``x`` itself."""
+    if _empty(x):
+        return
     _follow_torch_threads()
     xa = _np(x)
     args = (xa, _output(out, x), _np(a), _np(b), act, _scalar(slope, xa))
@@ -428,17 +474,21 @@ def forward(x, out, a, b, act, slope):
 
 def backward_reduce(z, dz, x, p, q, act, slope, mode):
     """``[sum(dy), sum(dy * v)]`` per channel (float64, shape ``(2, C)``)."""
+    if _empty(z):
+        return torch.zeros(2, z.shape[1 if z.dim() == 3 else -1], dtype=torch.float64)
     _follow_torch_threads()
     za = _np(z)
     args = (za, _np(dz), _np(x), _np(p), _np(q), act, _scalar(slope, za),
             common.elu_saturated_y(za.dtype), mode)
     if z.dim() == 3:
         return torch.from_numpy(_backward_reduce_ncs(*args))
-    return torch.from_numpy(_backward_reduce_mc(*args, _chunks(z.shape[0])))
+    return torch.from_numpy(_backward_reduce_mc(*args, _reduction_chunks(z.shape[0])))
 
 
 def backward_input(z, dz, x, p, q, coef, act, slope, mode, out):
     """``out = dy * coef[0] + v * coef[1] + coef[2]`` per channel."""
+    if _empty(z):
+        return
     _follow_torch_threads()
     za = _np(z)
     args = (za, _np(dz), _np(x), _np(p), _np(q), _np(coef), act, _scalar(slope, za),

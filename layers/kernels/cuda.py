@@ -39,9 +39,9 @@ mean of the shifted values to it.
 
 Launching
 ---------
-Kernels are compiled lazily, once per signature, and cached on disk (``cache=True``); importing
-this module compiles nothing and needs no GPU. numba keys that cache on this file alone: after
-editing ``common.py``, touch this file (or clear its ``__pycache__``) to recompile.
+Kernels are compiled lazily, once per signature, and cached on disk; importing this module
+compiles nothing and needs no GPU. The cache is keyed on this file and on ``common.py``
+(:mod:`layers.kernels.caching`), so editing either recompiles on the next use.
 
 On real CUDA tensors the arrays are zero-copy views (``numba.cuda.as_cuda_array``) and every launch
 runs in the context of the tensors' device on torch's current stream there, so it is ordered with
@@ -64,9 +64,12 @@ import numpy as np
 import torch
 from numba import cuda
 
-from . import common
+from . import caching, common
 from .common import MODE_XHAT_FROM_X, MODE_XHAT_FROM_Y
 from .compose import compose_moments_forward
+
+#: Source files besides this one whose code the kernels compile (keys of the disk cache).
+DEPENDENCIES = (common.__file__,)
 
 #: Whether numba.cuda is the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1`` before its import).
 SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
@@ -370,7 +373,7 @@ KERNELS = (
     (_finish_sums, ("void(float64[:, :, ::1], float64[:, ::1])",)),
 )
 
-_LAUNCHERS = {fn: cuda.jit(cache=True)(fn) for fn, _ in KERNELS}
+_LAUNCHERS = {fn: caching.jit(cuda.jit, DEPENDENCIES)(fn) for fn, _ in KERNELS}
 
 
 # --------------------------------------------------------------------------------------------

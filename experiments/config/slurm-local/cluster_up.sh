@@ -6,10 +6,11 @@
 #   experiments/config/slurm-local/cluster_up.sh down   # stop the daemons it started
 #   snakemake --profile experiments/config/slurm-local densenet_fig2_contiguous
 #
-# Needs root on Debian or Ubuntu: it installs `slurm-wlm` and `munge` with apt-get when they
-# are missing, writes /etc/slurm/slurm.conf and starts munged, slurmctld and slurmd. Idempotent:
-# a second call rewrites nothing that is unchanged, starts only what is not running, and checks
-# that a job runs (`srun true`). Not for CI, and not a substitute for a real site's setup.
+# Needs root on Debian (checked on Debian 12, Slurm 22.05): it installs `slurm-wlm` and `munge`
+# with apt-get when they are missing, writes /etc/slurm/slurm.conf and starts munged, slurmctld
+# and slurmd. Idempotent: a second call rewrites nothing that is unchanged, starts only what is
+# not running, and checks that a job runs (`srun true`). Not for CI, and not a substitute for a
+# real site's setup.
 #
 # The cluster it makes, and what that means for Snakemake:
 # - one node (this host) with all its CPUs and 3/4 of its memory, in one partition `main`

@@ -1,0 +1,163 @@
+"""Evaluators of the training experiments' claims (DenseNet Fig. 2 left and Fig. 6, InPlace-ABN
+Table 1 left and "on par with STD-BN"), registered with :func:`experiments.report.verdicts.evaluates`
+when :mod:`experiments.report.claims` imports this module.
+
+A training claim is about the paper's recipe on the real data set: a run is at the claimed
+setting only if it trained the paper's network for the paper's epochs on the full training set
+(:data:`FULL_TRAIN_IMAGES`); otherwise the verdict is "not measured at the claimed setting" and
+the measured numbers are still shown. The parity claim is checked in its exact form, which
+holds at any scale and on any device.
+"""
+import json
+
+from . import training
+from .verdicts import NOT_MEASURED, Outcome, evaluates, verdict
+
+#: Training images of the released data sets: a run on fewer (the generated smoke sets) is not
+#: at the papers' setting.
+FULL_TRAIN_IMAGES = {"cifar10": 50_000, "cifar100": 50_000, "imagenet": 1_281_167}
+#: Percentage points a measured error or accuracy may differ from the paper's (run-to-run
+#: spread of these trainings is a few tenths of a point).
+TOLERANCE_PP = 0.5
+#: Largest relative loss difference that counts as "the same loss curve to rounding" in
+#: float64 over a few hundred steps.
+PARITY_RTOL = 1e-9
+PARITY_MIN_STEPS = 100
+
+
+def _at_setting(rows, epochs, model_args=None):
+    """Whether every row trained ``epochs`` epochs on the full data set (and, given
+    ``model_args``, with those constructor arguments); ``(ok, why_not)``."""
+    for row in rows.itertuples():
+        if row.train_images != FULL_TRAIN_IMAGES[row.dataset]:
+            return False, (f"trained on {row.train_images} images of the generated "
+                           f"{row.dataset}-format set (the paper: "
+                           f"{FULL_TRAIN_IMAGES[row.dataset]})")
+        if row.epochs != epochs:
+            return False, f"trained {row.epochs} epochs (the paper: {epochs})"
+        args = json.loads(row.model_args)
+        if model_args and any(args.get(k) != v for k, v in model_args.items()):
+            return False, f"trained {row.model} with {args} (the paper: {model_args})"
+    return True, ""
+
+
+def _preact(claim, frame, dataset):
+    table = training.preact_errors(frame)
+    rows = table[table["dataset"] == dataset].set_index("activation_order")
+    if set(rows.index) != {"pre-activation", "post-activation"}:
+        return Outcome(f"{sorted(rows.index)} of {dataset}", NOT_MEASURED,
+                       "the run lacks the pre- or the post-activation network")
+    pre, post = rows.loc["pre-activation", "error_pct"], rows.loc["post-activation", "error_pct"]
+    measured = f"{pre:.2f}% (pre) vs {post:.2f}% (post) on {dataset}"
+    ok, why = _at_setting(frame[frame["dataset"] == dataset], 300,
+                          {"depth": 100, "growth_rate": 12})
+    if not ok:
+        return Outcome(measured, NOT_MEASURED, why)
+    claimed = claim["value"]
+    good = (post > pre and abs(pre - claimed["preact"]) <= TOLERANCE_PP
+            and abs(post - claimed["postact"]) <= TOLERANCE_PP)
+    return Outcome(measured, verdict(good), f"criterion: post-activation error above "
+                   f"pre-activation, each within {TOLERANCE_PP} pp of the paper's")
+
+
+@evaluates("densenet_preact_error_cifar10")
+def _preact_cifar10(claim, frame):
+    return _preact(claim, frame, "cifar10")
+
+
+@evaluates("densenet_preact_error_cifar100")
+def _preact_cifar100(claim, frame):
+    return _preact(claim, frame, "cifar100")
+
+
+@evaluates("densenet_imagenet_top1")
+def _densenet_imagenet_top1(claim, frame):
+    table = training.imagenet_densenets(frame)
+    measured = ", ".join(f"{r.network} k={r.growth_rate} {r.schedule}: {r.top1_error_pct:.2f}% "
+                         f"({r.params_m:.1f}M)" for r in table.itertuples())
+    rows = frame[frame["point"] == "densenet264_k48_cosine"]
+    if rows.empty:
+        return Outcome(measured, NOT_MEASURED, "the run has no DenseNet-264 k=48 cosine point")
+    ok, why = _at_setting(rows, 100, {"growth_rate": 48})
+    if not ok:
+        return Outcome(measured, NOT_MEASURED, why)
+    error = rows["top1_error_pct"].iloc[0]
+    return Outcome(measured, verdict(abs(error - claim["value"]) <= TOLERANCE_PP),
+                   f"criterion: top-1 error within {TOLERANCE_PP} pp of {claim['value']}%")
+
+
+def _table1_row(frame, point):
+    """The Table 1 row of ``point`` (accuracies per evaluation), or ``None``."""
+    table = training.table1(frame[frame["point"].map(lambda p: not p.startswith("parity"))])
+    keys = [training.row_key(p) for p in frame["point"].unique() if not p.startswith("parity")]
+    model, norm, batch = training.row_key(point)
+    if (model, norm, batch) not in keys:
+        return None
+    return table[(table["network"] == training.NETWORKS[model])
+                 & (table["batchnorm"] == training.BATCHNORMS[norm])
+                 & (table["paper_batch"] == batch)].iloc[0]
+
+
+def _accuracies(row, value):
+    return ", ".join(f"{key} {row[key]:.2f}" for key in value if key in row.index)
+
+
+@evaluates("iabn_imagenet_top1")
+def _iabn_imagenet_top1(claim, frame):
+    base, large = (_table1_row(frame, p) for p in ("resnext101_bn_256", "resnext101_iabn_512"))
+    if base is None or large is None:
+        return Outcome("-", NOT_MEASURED, "the run lacks the STD-BN 256 or InPlace-ABN 512 row")
+    measured = (f"{base['center224_top1']:.2f}% (STD-BN, batch {base['batch']}) -> "
+                f"{large['center224_top1']:.2f}% (InPlace-ABN, batch {large['batch']})")
+    points = frame[frame["point"].isin(["resnext101_bn_256", "resnext101_iabn_512"])]
+    ok, why = _at_setting(points, 90)
+    if not ok:
+        return Outcome(measured, NOT_MEASURED, why)
+    value = claim["value"]
+    good = (large["center224_top1"] > base["center224_top1"]
+            and abs(base["center224_top1"] - value["std_bn_256"]) <= TOLERANCE_PP
+            and abs(large["center224_top1"] - value["inplace_abn_512"]) <= TOLERANCE_PP)
+    return Outcome(measured, verdict(good), f"criterion: the batch-512 InPlace-ABN network "
+                   f"more accurate, each within {TOLERANCE_PP} pp of the paper's")
+
+
+def _table1_evaluator(point):
+    def evaluate(claim, frame):
+        row = _table1_row(frame, point)
+        if row is None:
+            return Outcome("-", NOT_MEASURED, f"the run has no {point} point")
+        measured = (f"{_accuracies(row, claim['value'])} (batch {row['batch']}, "
+                    f"{row['ranks']} rank(s), {row['params_m']:.1f}M parameters)")
+        ok, why = _at_setting(frame[frame["point"] == point], 90)
+        if not ok:
+            return Outcome(measured, NOT_MEASURED, why)
+        off = {k: abs(row[k] - v) for k, v in claim["value"].items() if k in row.index}
+        missing = sorted(set(claim["value"]) - set(off))
+        if missing:
+            return Outcome(measured, NOT_MEASURED, f"the run did not evaluate {missing}")
+        return Outcome(measured, verdict(max(off.values()) <= TOLERANCE_PP),
+                       f"criterion: every accuracy within {TOLERANCE_PP} pp of the paper's")
+    return evaluate
+
+
+for _point in ("resnext101_bn_256", "resnext101_iabn_512", "resnext152_iabn_256",
+               "wideresnet38_iabn_256", "densenet264_iabn_256", "resnext101_iabn_sync_256"):
+    evaluates(f"iabn_table1_{_point}")(_table1_evaluator(_point))
+
+
+@evaluates("iabn_trains_on_par")
+def _trains_on_par(claim, frame):
+    table = training.parity(frame)
+    if table.empty:
+        return Outcome("-", NOT_MEASURED, "the run has no parity point")
+    measured = "; ".join(
+        f"{r.model}: {r.steps} steps, loss {r.first_loss:.4f} -> {r.final_loss_std_bn:.6f} "
+        f"(STD-BN) / {r.final_loss_inplace_abn:.6f} (InPlace-ABN), largest relative loss "
+        f"difference {r.max_loss_rel_diff:.1e}, parameters {r.final_param_rel_diff:.1e}"
+        for r in table.itertuples())
+    good = bool((table["max_loss_rel_diff"] <= PARITY_RTOL).all()
+                and (table["steps"] >= PARITY_MIN_STEPS).all())
+    return Outcome(measured, verdict(good), f"criterion: at least {PARITY_MIN_STEPS} float64 "
+                   f"steps of every model, loss curves within a relative {PARITY_RTOL:g} of "
+                   "each other at every step (the exact form: the papers' ImageNet accuracies "
+                   "are the other claims)")

@@ -1,0 +1,143 @@
+"""The training experiments (DenseNet Fig. 2 left and Fig. 6, InPlace-ABN Table 1 left) and
+the data sets they train on. Included by the Snakefile, which defines DEVICE, GPU, RUN,
+EXPERIMENTS, cluster_resources and code.
+
+A training point is one job: one process, or `torchrun --nproc-per-node N` ranks that take N
+units of the `gpu` resource on cuda (N gloo processes on the CPU). Its recipe is the profile
+section's `defaults` updated by the point's entry (experiments/train/plan.py); its outputs are
+the point JSON, the per-epoch CSV and the trained weights; an unfinished point's checkpoint
+(artifacts/checkpoints/...) is not an output, so a killed job resumes when it is run again.
+"""
+from experiments.train import plan
+
+DATASETS = config["datasets"]
+
+
+def dataset_root(name):
+    """The data set's root; a generated one is this pipeline's output, so a dependency."""
+    return DATASETS[name]["root"]
+
+
+def dataset_inputs(name):
+    """What a point training on ``name`` waits for: the generated data set, if any."""
+    return [dataset_root(name)] if DATASETS[name]["generate"] else []
+
+
+for _name, _spec in DATASETS.items():
+    if not _spec["generate"]:
+        continue
+
+    rule:
+        """A small, learnable data set in the released on-disk format (CIFAR python batches,
+        an ImageNet ImageFolder tree of JPEGs), written whole or not at all."""
+        name:
+            f"generate_{_name}"
+        input:
+            code=code("experiments.train.data.generate"),
+        output:
+            directory(_spec["root"]),
+        log:
+            f"artifacts/logs/data/{_name}.log",
+        params:
+            dataset=_name,
+            spec=_spec["generate"],
+            classes=f"--classes {_spec['generate']['classes']}" if "classes" in _spec["generate"]
+            else "",
+        shell:
+            "python -m experiments.train.data.generate {params.dataset} --out {output}"
+            " --train-per-class {params.spec[train_per_class]}"
+            " --test-per-class {params.spec[test_per_class]} {params.classes}"
+            " --seed {params.spec[seed]} > {log} 2>&1"
+
+
+TRAINING = {experiment: {name: {**spec, "device": DEVICE}
+                         for name, spec in plan.point_specs(config[experiment]).items()}
+            for experiment in ("densenet_fig2_preact", "densenet_fig6_imagenet",
+                               "iabn_table1_imagenet")}
+PARITY = config["iabn_table1_imagenet"]["parity"]
+
+EXPERIMENTS["densenet_fig2_preact"] = {
+    "points": list(TRAINING["densenet_fig2_preact"]),
+    "notebooks": ["densenet_fig2_preact"],
+}
+EXPERIMENTS["densenet_fig6_imagenet"] = {
+    "points": list(TRAINING["densenet_fig6_imagenet"]),
+    "notebooks": ["densenet_fig6_imagenet"],
+}
+EXPERIMENTS["iabn_table1_imagenet"] = {
+    "points": list(TRAINING["iabn_table1_imagenet"])
+    + [f"parity_{model}" for model in PARITY["models"]],
+    "notebooks": ["iabn_table1_imagenet"],
+}
+
+
+def training_outputs(experiment, point):
+    return {"out": paths.point_json(experiment, RUN, point),
+            "epochs_csv": paths.epochs_csv(experiment, RUN, point),
+            "weights": paths.weights(experiment, RUN, point),
+            "work_dir": paths.work_dir(experiment, RUN, point)}
+
+
+for _experiment, _points in TRAINING.items():
+
+    rule:
+        name:
+            f"{_experiment}_point"
+        input:
+            data=lambda wildcards, e=_experiment: dataset_inputs(
+                TRAINING[e][wildcards.point]["dataset"]),
+            code=code(f"experiments.{_experiment}"),
+        output:
+            point=paths.point_json(_experiment, RUN, "{point}"),
+            epochs=paths.epochs_csv(_experiment, RUN, "{point}"),
+            weights=paths.weights(_experiment, RUN, "{point}"),
+        log:
+            paths.job_log(_experiment, RUN, "{point}"),
+        benchmark:
+            paths.job_benchmark(_experiment, RUN, "{point}")
+        wildcard_constraints:
+            point="|".join(_points),
+        threads:
+            lambda wildcards, e=_experiment: (TRAINING[e][wildcards.point]["threads"]
+                                              * TRAINING[e][wildcards.point]["nproc"])
+        resources:
+            **cluster_resources(config[_experiment]["defaults"],
+                                gpus=lambda wildcards, e=_experiment: (
+                                    TRAINING[e][wildcards.point]["nproc"] if GPU else 0)),
+        params:
+            command=lambda wildcards, e=_experiment: plan.command(
+                e, TRAINING[e][wildcards.point],
+                dataset_root(TRAINING[e][wildcards.point]["dataset"]),
+                training_outputs(e, wildcards.point)),
+        shell:
+            "{params.command} > {log} 2>&1"
+
+
+rule iabn_table1_imagenet_parity:
+    """STD-BN + leaky ReLU vs InPlace-ABN trained side by side in float64 (one model)."""
+    input:
+        data=dataset_inputs("imagenet"),
+        code=code("experiments.iabn_table1_imagenet"),
+    output:
+        paths.point_json("iabn_table1_imagenet", RUN, "parity_{model}"),
+    log:
+        paths.job_log("iabn_table1_imagenet", RUN, "parity_{model}"),
+    benchmark:
+        paths.job_benchmark("iabn_table1_imagenet", RUN, "parity_{model}")
+    wildcard_constraints:
+        model="|".join(PARITY["models"]),
+    threads: PARITY["threads"]
+    resources:
+        **cluster_resources(PARITY),
+    params:
+        cfg=PARITY,
+        root=dataset_root("imagenet"),
+        model_args=lambda wildcards: " ".join(
+            f"--model-arg {key}={str(value).lower() if isinstance(value, bool) else value}"
+            for key, value in PARITY["models"][wildcards.model].items()),
+    shell:
+        "python -m experiments.iabn_table1_imagenet parity --data {params.root}"
+        " --model {wildcards.model} {params.model_args} --steps {params.cfg[steps]}"
+        " --batch {params.cfg[batch]} --resize {params.cfg[resize]} --crop {params.cfg[crop]}"
+        " --lr {params.cfg[lr]} --device {DEVICE} --threads {threads} --out {output}"
+        " > {log} 2>&1"

@@ -1,0 +1,63 @@
+"""What the Snakefile needs to plan the training experiments: each point's full recipe and its
+command line. Importing this module is cheap (no torch): the Snakefile imports it when parsed.
+
+A training experiment's profile section holds ``defaults`` (a recipe every point shares) and
+``points`` (point name -> the keys it overrides); :func:`point_specs` merges them, with
+``model_args`` merged key by key (a ``null`` there removes a default argument). :func:`command` turns one point into the shell command that
+trains it: ``python -m experiments.<id> ...`` for one process, ``torchrun --standalone
+--nproc-per-node N -m experiments.<id> ...`` for ``nproc`` ranks.
+"""
+import shlex
+
+def point_specs(section):
+    """``{point: recipe}``: ``section["defaults"]`` updated by each point's overrides."""
+    defaults = section["defaults"]
+    specs = {}
+    for name, overrides in section["points"].items():
+        spec = {**defaults, **overrides}
+        model_args = {**defaults.get("model_args", {}), **overrides.get("model_args", {})}
+        spec["model_args"] = {k: v for k, v in model_args.items() if v is not None}
+        specs[name] = spec
+    return specs
+
+
+def _value(value):
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def launcher(nproc):
+    """``python -m`` for one process, ``torchrun --standalone --nproc-per-node N -m`` else."""
+    if nproc == 1:
+        return ["python", "-m"]
+    return ["torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m"]
+
+
+def arguments(spec, data_root):
+    """The training options of one point's recipe (:mod:`experiments.train.point`)."""
+    args = ["--dataset", spec["dataset"], "--data", str(data_root), "--model", spec["model"],
+            "--norm", spec["norm"], "--epochs", spec["epochs"], "--batch", spec["batch"],
+            "--lr", spec["lr"], "--schedule", spec["schedule"], "--workers", spec["workers"],
+            "--seed", spec["seed"], "--device", spec["device"], "--dtype", spec["dtype"],
+            "--threads", spec["threads"]]
+    for key, value in spec["model_args"].items():
+        args += ["--model-arg", f"{key}={_value(value)}"]
+    for key, value in spec.get("schedule_args", {}).items():
+        args += ["--schedule-arg", f"{key}={_value(value)}"]
+    if spec["dataset"] == "imagenet":
+        args += ["--resize", spec["resize"], "--crop", spec["crop"]]
+        for name, ev in spec["evals"].items():
+            args += ["--eval", f"{name}={ev['mode']}:{ev['resize']}:{ev['crop']}"]
+    return [str(a) for a in args]
+
+
+def command(experiment, spec, data_root, outputs):
+    """The shell command that trains one point; ``outputs`` maps ``out``, ``epochs_csv``,
+    ``weights``, ``work_dir`` to paths."""
+    words = [*launcher(spec["nproc"]), f"experiments.{experiment}",
+             *arguments(spec, data_root)]
+    for key in ("out", "epochs_csv", "weights", "work_dir"):
+        words += [f"--{key.replace('_', '-')}", str(outputs[key])]
+    return shlex.join(words)
+
+
+__all__ = ["point_specs", "launcher", "arguments", "command"]

@@ -1,0 +1,215 @@
+"""One training point: a model trained on a data set with a recipe, evaluated, and recorded.
+
+The three classification experiments (``densenet_fig2_preact``, ``densenet_fig6_imagenet``,
+``iabn_table1_imagenet``) are this command line with their own defaults and descriptions; a
+point runs as one process or under ``torchrun --nproc-per-node N`` (the engine detects the
+ranks). Its outputs:
+
+- ``--out``: the point's JSON artifact (:mod:`experiments.records.point`): the configuration,
+  one result row per evaluation (top-1 / top-5 error in percent, loss, images evaluated,
+  parameters, training images, the number of ranks and the per-rank batch), the environment;
+- ``--epochs-csv``: one row per epoch (loss, lr, accuracy, images/s, peak memory, evaluations);
+- ``--weights``: the trained model's state dict (``torch.load(..., weights_only=True)``), the
+  input of later experiments (segmentation bodies start from these);
+- ``--work-dir``: the resumable checkpoint of an unfinished run. A killed point resumes from
+  it when started again with the same options; it is removed once the point's artifacts are
+  written, so a rerun after a finished run trains from scratch.
+
+Only rank 0 writes files; every file is written to a temporary name and renamed.
+"""
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from ..records import point
+from ..records.atomic import atomic_path
+from . import engine
+from .data import cifar, imagenet, transforms
+from .models import BUILDERS, build_model, parameter_count
+
+DATASETS = ("cifar10", "cifar100", "imagenet")
+NORMS = ("bn", "iabn", "iabn_sync")
+SCHEDULES = ("step", "linear", "cosine", "cifar", "poly")
+EVAL_MODES = ("center", "ten_crop")
+
+
+def key_value(text):
+    """``"growth_rate=32"`` -> ``("growth_rate", 32)``: values parse as int, float, bool or str."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"{text!r}: expected KEY=VALUE")
+    for parse in (int, float):
+        try:
+            return key, parse(value)
+        except ValueError:
+            pass
+    return key, {"true": True, "false": False}.get(value.lower(), value)
+
+
+def _evaluation(text):
+    """``"center224=center:256:224"`` -> ``("center224", "center", 256, 224)``."""
+    name, sep, spec = text.partition("=")
+    parts = spec.split(":")
+    if not sep or len(parts) != 3 or parts[0] not in EVAL_MODES:
+        raise ValueError(f"{text!r}: expected NAME=MODE:RESIZE:CROP with MODE in {EVAL_MODES}")
+    return name, parts[0], int(parts[1]), int(parts[2])
+
+
+def parser(experiment, description, *, model=None, datasets=DATASETS):
+    """The training point's argument parser; ``model`` fixes the default ``--model``."""
+    p = point.parser(experiment, description, timed=False)
+    data = p.add_argument_group("data")
+    data.add_argument("--dataset", choices=datasets, required=len(datasets) > 1,
+                      default=datasets[0] if len(datasets) == 1 else None)
+    data.add_argument("--data", type=Path, required=True,
+                      help="the data set's root (CIFAR: the folder holding cifar-10-batches-py "
+                           "or cifar-100-python; ImageNet: the folder holding train/ and val/)")
+    data.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank")
+    data.add_argument("--resize", type=int, default=256,
+                      help="ImageNet training: shorter side scaled to this (default: 256)")
+    data.add_argument("--crop", type=int, default=224,
+                      help="ImageNet training: random crops of this size (default: 224)")
+    data.add_argument("--eval", dest="evals", action="append", type=_evaluation, default=None,
+                      metavar="NAME=MODE:RESIZE:CROP",
+                      help="ImageNet evaluations (repeatable; default: Table 1's "
+                           "center224=center:256:224 crops10_224=ten_crop:256:224 "
+                           "center320=center:320:320)")
+    net = p.add_argument_group("model")
+    net.add_argument("--model", choices=sorted(BUILDERS), required=model is None, default=model)
+    net.add_argument("--model-arg", dest="model_args", action="append", type=key_value,
+                     default=[], metavar="KEY=VALUE",
+                     help="keyword argument of the model's constructor (repeatable), e.g. "
+                          "growth_rate=48, width=0.0625, preact=false, impl=shared")
+    net.add_argument("--norm", choices=NORMS, default="bn")
+    recipe = p.add_argument_group("recipe")
+    recipe.add_argument("--epochs", type=int, required=True)
+    recipe.add_argument("--batch", type=int, required=True,
+                        help="the global batch (the paper's total), split over the ranks")
+    recipe.add_argument("--lr", type=float, default=0.1, help="initial learning rate")
+    recipe.add_argument("--schedule", choices=SCHEDULES, required=True)
+    recipe.add_argument("--schedule-arg", dest="schedule_args", action="append",
+                        type=key_value, default=[], metavar="KEY=VALUE",
+                        help="schedule parameter (repeatable), e.g. step_epochs=30")
+    recipe.add_argument("--momentum", type=float, default=0.9)
+    recipe.add_argument("--weight-decay", type=float, default=1e-4)
+    recipe.add_argument("--seed", type=int, default=point.SEED)
+    out = p.add_argument_group("outputs")
+    out.add_argument("--epochs-csv", type=Path, required=True, help="per-epoch metrics (CSV)")
+    out.add_argument("--weights", type=Path, required=True, help="trained state dict (.pt)")
+    out.add_argument("--work-dir", type=Path, required=True,
+                     help="resumable checkpoint of an unfinished run")
+    return p
+
+
+def check(p, args):
+    """Checks beyond argparse's; errors exit with status 2 and name the option."""
+    point.check(p, args, positive=("epochs", "batch", "resize", "crop"))
+    if args.workers < 0:
+        p.error(f"--workers {args.workers}: must be >= 0")
+    if args.lr <= 0:
+        p.error(f"--lr {args.lr}: must be > 0")
+    if args.evals is None:
+        args.evals = [("center224", "center", 256, 224), ("crops10_224", "ten_crop", 256, 224),
+                      ("center320", "center", 320, 320)]
+    names = [name for name, *_ in args.evals]
+    if len(set(names)) != len(names):
+        p.error(f"--eval: names {names} must be unique")
+    if not args.data.exists():
+        p.error(f"--data {args.data}: no such directory (see --help for the expected layout)")
+    return args
+
+
+def datasets(args):
+    """``(train_set, {name: engine.EvalSet}, num_classes)`` of ``args.dataset``."""
+    if args.dataset == "imagenet":
+        train = imagenet.ImageNet(args.data, "train",
+                                  transforms.imagenet_train(args.resize, args.crop))
+        evals = {name: engine.EvalSet(
+                     imagenet.ImageNet(args.data, "val",
+                                       transforms.imagenet_eval(mode, resize, crop)),
+                     ten_crop=mode == "ten_crop")
+                 for name, mode, resize, crop in args.evals}
+        return train, evals, len(train.classes)
+    train = cifar.CIFAR(args.data, args.dataset, True, transforms.cifar_train(args.dataset))
+    test = cifar.CIFAR(args.data, args.dataset, False, transforms.cifar_eval(args.dataset))
+    return train, {"test": engine.EvalSet(test)}, len(train.classes)
+
+
+def recipe(args):
+    """The :class:`engine.Recipe` of the options."""
+    return engine.Recipe(epochs=args.epochs, batch_size=args.batch, lr=args.lr,
+                         schedule=args.schedule, schedule_params=dict(args.schedule_args),
+                         momentum=args.momentum, weight_decay=args.weight_decay)
+
+
+def _is_rank_zero():
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def configuration(args, model_args):
+    """The artifact's ``config``: everything that decides what was trained, flat (the
+    keyword-argument mappings as JSON text), so it becomes columns of the aggregated CSV."""
+    config = {"model": args.model, "model_args": json.dumps(model_args, sort_keys=True),
+              "norm": args.norm, "dataset": args.dataset, "epochs": args.epochs,
+              "batch": args.batch, "lr": args.lr, "schedule": args.schedule,
+              "schedule_args": json.dumps(dict(args.schedule_args), sort_keys=True),
+              "momentum": args.momentum, "nesterov": True, "weight_decay": args.weight_decay,
+              "workers": args.workers}
+    if args.dataset == "imagenet":
+        config.update(resize=args.resize, crop=args.crop)
+    return config
+
+
+def evaluations(args):
+    """``{name: {"eval_mode", "eval_resize", "eval_crop"}}`` of the point's evaluations (CIFAR:
+    its test set, unaugmented at 32x32)."""
+    if args.dataset != "imagenet":
+        return {"test": {"eval_mode": "center", "eval_resize": 32, "eval_crop": 32}}
+    return {name: {"eval_mode": mode, "eval_resize": resize, "eval_crop": crop}
+            for name, mode, resize, crop in args.evals}
+
+
+def run(args, experiment):
+    """Train and evaluate the point; on rank 0 write its artifacts and remove the work dir.
+    Returns the engine's report."""
+    device, dtype = point.setup(args)
+    model_args = dict(args.model_args)
+    train_set, eval_sets, num_classes = datasets(args)
+    model = build_model(args.model, norm=args.norm, num_classes=num_classes, **model_args)
+    model = model.to(device=device, dtype=dtype)
+    report = engine.train(model=model, train_set=train_set, eval_sets=eval_sets,
+                          recipe=recipe(args), run_dir=args.work_dir,
+                          metrics_csv=args.epochs_csv, seed=args.seed, workers=args.workers,
+                          device=args.device, desc=f"{experiment} {args.out.stem}")
+    if not _is_rank_zero():
+        return report
+    evals = evaluations(args)
+    shared = {"params": parameter_count(model), "train_images": len(train_set),
+              "world_size": report["world_size"],
+              "per_rank_batch": report["per_rank_batch"],
+              "train_time_s": report["train_time_s"],
+              "final_train_loss": report["epochs"][-1]["train_loss"]}
+    results = [{"eval": name, **evals[name], "top1_error_pct": 100 * metrics["top1_error"],
+                "top5_error_pct": 100 * metrics["top5_error"], "loss": metrics["loss"],
+                "images": metrics["count"], **shared}
+               for name, metrics in report["final"].items()]
+    with atomic_path(args.weights) as tmp:
+        torch.save(model.state_dict(), tmp)
+    point.write(args, experiment, configuration(args, model_args), results)
+    shutil.rmtree(args.work_dir, ignore_errors=True)
+    print(f"wrote {args.out}, {args.epochs_csv}, {args.weights}")
+    return report
+
+
+def main(experiment, description, argv=None, **parser_options):
+    """Parse, check and run a training point of ``experiment``."""
+    p = parser(experiment, description, **parser_options)
+    args = check(p, p.parse_args(argv))
+    run(args, experiment)
+
+
+__all__ = ["DATASETS", "NORMS", "SCHEDULES", "key_value", "parser", "check", "datasets", "recipe",
+           "configuration", "evaluations", "run", "main"]
