@@ -12,8 +12,9 @@ Two kinds of point:
 - ``python -m experiments.iabn_table1_imagenet parity --data ROOT --model resnext101
   [--model-arg width=0.0625] --steps 300 --batch 8 --crop 32 --out ...``: the network with
   STD-BN + leaky ReLU and with InPlace-ABN (``scale_mode="bn"``) trained side by side in float64
-  from the same weights on the same batches (:mod:`experiments.train.parity`); one result row per
-  step with both losses.
+  from the same weights on the same batches, with a rounding control (STD-BN from weights
+  perturbed by a few units in the last place; :mod:`experiments.train.parity`); one result row
+  per step with the three losses.
 
 The paper (Sec. 4.1): ResNeXt-101/152 (cardinality 64), SGD with Nesterov momentum 0.9, initial
 learning rate 0.1, weight decay 1e-4, 90 epochs, learning rate divided by 10 every 30 epochs;
@@ -21,6 +22,7 @@ DenseNet-264 and WideResNet-38 the same, the latter with a linear decay from 0.1
 scaled to a shorter side of 256, random 224 crops, per-channel normalisation and the colour
 augmentation of ResNeXt; leaky ReLU (slope 0.01) everywhere.
 """
+import json
 import sys
 from pathlib import Path
 
@@ -65,28 +67,28 @@ def run_parity(args):
                                  device=args.device)
     batches = [(x.to(device, dtype), y.to(device)) for x, y in loader]
     model_args = dict(args.model_args)
-    standard, inplace = parity.twin_models(args.model, model_args, len(train.classes), dtype)
-    standard.to(device)
-    inplace.to(device)
-    records = parity.train_side_by_side(standard, inplace, batches, args.steps, args.lr,
+    models = parity.twin_models(args.model, model_args, len(train.classes), dtype)
+    for model in models:
+        model.to(device)
+    records = parity.train_side_by_side(models, batches, args.steps, args.lr,
                                         desc=f"{EXPERIMENT} parity {args.model}")
-    worst = parity.relative_difference(records)
-    params = parity.max_parameter_difference(standard, inplace)
-    results = [{**r, "model": args.model, "max_loss_rel_diff": worst,
-                "final_param_rel_diff": params} for r in records]
-    config = {"kind": PARITY, "model": args.model, "model_args": model_args,
+    comparison = parity.summary(records)
+    results = [{**r, "model": args.model, **comparison} for r in records]
+    config = {"kind": PARITY, "model": args.model, "model_args": json.dumps(model_args),
               "steps": args.steps, "batch": args.batch, "resize": args.resize,
               "crop": args.crop, "lr": args.lr, "activation": parity.ACTIVATION,
-              "batches_per_cycle": len(batches)}
+              "control_perturbation": parity.CONTROL_PERTURBATION,
+              "rounding": parity.ROUNDING, "batches_per_cycle": len(batches)}
     return config, results
 
 
 def summarize_parity(config, results):
     last = results[-1]
     return (f"{config['model']}: {config['steps']} steps, final loss STD-BN "
-            f"{last['loss_std_bn']:.12g} vs InPlace-ABN {last['loss_inplace_abn']:.12g}; largest "
-            f"relative loss difference {last['max_loss_rel_diff']:.3g}, parameters "
-            f"{last['final_param_rel_diff']:.3g}")
+            f"{last['loss_std_bn']:.12g}, InPlace-ABN {last['loss_inplace_abn']:.12g}, control "
+            f"{last['loss_control']:.12g}; within rounding of STD-BN for "
+            f"{last['steps_within_rounding_inplace_abn']} steps (InPlace-ABN) and "
+            f"{last['steps_within_rounding_control']} (control)")
 
 
 def main(argv=None):

@@ -11,27 +11,33 @@ state dict loads into the ImageNet models built here with ``norm="bn"``, ``preac
   outputs go into two storages shared by all layers of the network and are recomputed in
   backward; only convolution outputs persist, so feature-map memory is linear in depth. The
   transitions' ``concat -> BN -> act -> conv`` and, with ``norm="bn"``, every layer's second
-  ``BN -> ReLU -> conv`` take the same route.
+  ``BN -> act -> conv`` take the same route.
 * ``"checkpoint"``: ``torch.utils.checkpoint`` (non-reentrant) around each layer's
   ``concat -> BN -> act -> conv1x1``, as torchvision's ``memory_efficient=True`` and the
   authors' later PyTorch code do; the recomputation re-uses the batch statistics without
   updating the running statistics a second time.
 
-``norm="bn"`` uses ``nn.BatchNorm2d`` + ReLU. ``norm="iabn"`` uses leaky ReLU (slope 0.01)
-layers from :mod:`layers.abn`: ``InPlaceABN`` where its input is a convolution output (the
-bottleneck, the stem, post-activation layers), out-of-place ``ABN`` on concatenations.
-``norm="iabn_sync"`` synchronises every one of them over the default process group:
-``InPlaceABNSync`` and ``ABNSync`` (out of place) in the same places; without an initialised
-process group it computes what ``"iabn"`` computes. ``preact=False`` gives post-activation
-layers (``conv -> BN -> act``, Fig. 2 left of the memory-efficient DenseNet paper).
+``norm="bn"`` uses ``nn.BatchNorm2d`` (PyTorch's own BN) followed by the network's
+``activation``, ReLU by default as torchvision's; another activation (leaky ReLU, ELU, the
+identity) gives the STD-BN baseline of the InPlace-ABN paper, with the same modules and state
+dict. The activation is the network's, applied after every ``nn.BatchNorm2d``, so
+``nn.SyncBatchNorm.convert_sync_batchnorm`` keeps it. ``norm="iabn"`` uses layers from
+:mod:`layers.abn` with the activation built in (leaky ReLU, slope 0.01, by default; it must be
+invertible): ``InPlaceABN`` where its input is a convolution output (the bottleneck, the stem,
+post-activation layers), out-of-place ``ABN`` on concatenations. ``norm="iabn_sync"``
+synchronises every one of them over the default process group: ``InPlaceABNSync`` and
+``ABNSync`` (out of place) in the same places; without an initialised process group it computes
+what ``"iabn"`` computes. ``preact=False`` gives post-activation layers (``conv -> BN -> act``,
+Fig. 2 left of the memory-efficient DenseNet paper).
 
 All implementations have the same modules and state dict; the shared storages are plain
 attributes of the network, not part of its state. ``model.features`` runs on its own, as
 torchvision's: ``model.features(x)`` is the final feature map (for ``norm="bn"`` before the
-final ReLU, which ``forward`` applies, as torchvision's; the ABN layers' activation is part of
-the layer). :func:`load_torchvision_state_dict` loads torchvision's released checkpoints, whose
-keys have the legacy names (``norm.1``, ``conv.2``).
+final activation, which ``forward`` applies, as torchvision's; the ABN layers' activation is
+part of the layer). :func:`load_torchvision_state_dict` loads torchvision's released
+checkpoints, whose keys have the legacy names (``norm.1``, ``conv.2``).
 """
+import dataclasses
 import math
 import re
 from collections import OrderedDict
@@ -49,28 +55,69 @@ from .shared_storage import SharedStorages, concat_norm_act_conv
 
 IMPLS = ("naive", "shared", "checkpoint")
 NORMS = ("bn", "iabn", "iabn_sync")
-#: Activation of ``norm="iabn"`` networks (InPlace-ABN needs an invertible one).
-IABN_ACTIVATION = "leaky_relu"
+#: ``norm`` -> the activations it takes: any of the ABN layers' for STD-BN, the invertible ones
+#: for the in-place layers.
+ALLOWED_ACTIVATIONS = {"bn": ("relu", "leaky_relu", "elu", "identity"),
+                       "iabn": functional.INVERTIBLE_ACTIVATIONS,
+                       "iabn_sync": functional.INVERTIBLE_ACTIVATIONS}
+#: ``norm`` -> its default activation: torchvision's ReLU for ``"bn"``, leaky ReLU (slope
+#: 0.01, the InPlace-ABN paper's) for the in-place layers.
+DEFAULT_ACTIVATIONS = {"bn": "relu", "iabn": "leaky_relu", "iabn_sync": "leaky_relu"}
 
 
 # --------------------------------------------------------------------------- building blocks
-def _make_norm(norm, channels, input_is_conv_output):
-    """A BN + activation module: in place (InPlace-ABN) only over a convolution's output."""
+@dataclasses.dataclass(frozen=True)
+class _Activation:
+    """A network's activation: ``name`` and its parameter (slope or alpha, 0 for the others).
+
+    Called on a batch norm's fresh output, it activates it in place, as torchvision's
+    ``relu(inplace=True)``; the ABN layers apply their own.
+    """
+
+    name: str
+    param: float
+
+    def __call__(self, y):
+        if self.name == "relu":
+            return F.relu(y, inplace=True)
+        if self.name == "leaky_relu":
+            return F.leaky_relu(y, self.param, inplace=True)
+        if self.name == "elu":
+            return F.elu(y, self.param, inplace=True)
+        return y
+
+    def module(self):
+        """The activation as a module, or ``None`` for the identity."""
+        if self.name == "relu":
+            return nn.ReLU(inplace=True)
+        if self.name == "leaky_relu":
+            return nn.LeakyReLU(self.param, inplace=True)
+        if self.name == "elu":
+            return nn.ELU(self.param, inplace=True)
+        return None
+
+
+def _make_norm(norm, channels, input_is_conv_output, activation):
+    """A BN + activation module: in place (InPlace-ABN) only over a convolution's output.
+
+    ``nn.BatchNorm2d`` (``norm="bn"``) leaves the activation to the caller (:func:`_norm_act`).
+    """
     if norm == "bn":
         return nn.BatchNorm2d(channels)
     layer = NORM_MODULES[norm][0 if input_is_conv_output else 1]
-    return layer(channels, activation=IABN_ACTIVATION)
+    return layer(channels, activation=activation.name, activation_param=activation.param)
 
 
-def _norm_act(norm, x):
-    """``act(norm(x))``; ``norm`` ``None`` is the identity. ``nn.BatchNorm2d`` gets a ReLU."""
+def _norm_act(norm, x, activation):
+    """``act(norm(x))``; ``norm`` ``None`` is the identity. A torch batch norm is followed by
+    ``activation``, an ABN layer applies its own."""
     if norm is None:
         return x
     y = norm(x)
-    return y if isinstance(norm, ABN) else F.relu(y, inplace=True)
+    return y if isinstance(norm, ABN) else activation(y)
 
 
-def _norm_act_again(norm, x):
+def _norm_act_again(norm, x, activation):
     """:func:`_norm_act` recomputed in a checkpoint's backward: running statistics untouched.
 
     In training the batch statistics are used again with momentum 0, which leaves the running
@@ -78,7 +125,7 @@ def _norm_act_again(norm, x):
     same tensors are saved as in the first call, as non-reentrant checkpointing requires.
     """
     if norm is None or not norm.training:
-        return _norm_act(norm, x)
+        return _norm_act(norm, x, activation)
     if isinstance(norm, ABN):  # synchronised again, over the same group, if norm is
         return functional.abn(x, norm.weight, norm.bias, norm.running_mean, norm.running_var,
                               True, 0.0, norm.eps, norm.activation, norm.activation_param,
@@ -95,19 +142,20 @@ def _norm_act_again(norm, x):
             norm.momentum = momentum
             if count is not None:
                 norm.num_batches_tracked.copy_(count)
-        return F.relu(y, inplace=True)
+        return activation(y)
     y = F.batch_norm(x, norm.running_mean, norm.running_var, norm.weight, norm.bias, True, 0.0,
                      norm.eps)
-    return F.relu(y, inplace=True)
+    return activation(y)
 
 
-def _checkpointed(features, norm, conv):
+def _checkpointed(features, norm, conv, activation):
     """``conv(act(norm(cat(features))))`` under ``torch.utils.checkpoint`` (non-reentrant)."""
     calls = []
 
     def bottleneck(*inputs):
         x = torch.cat(inputs, 1)
-        y = _norm_act_again(norm, x) if calls else _norm_act(norm, x)
+        y = (_norm_act_again(norm, x, activation) if calls
+             else _norm_act(norm, x, activation))
         calls.append(None)
         return conv(y)
 
@@ -115,21 +163,29 @@ def _checkpointed(features, norm, conv):
 
 
 class _Route:
-    """How one network computes its ``concat -> norm -> act -> conv`` steps (its ``impl``)."""
+    """How one network computes its ``concat -> norm -> act -> conv`` steps (its ``impl``),
+    and the ``activation`` that follows its torch batch norms."""
 
-    def __init__(self, impl):
+    def __init__(self, impl, activation):
         self.impl = impl
+        self.activation = activation
         self.storages = SharedStorages() if impl == "shared" else None
+
+    def norm_act(self, norm, x):
+        """``act(norm(x))`` (:func:`_norm_act` with this network's activation)."""
+        return _norm_act(norm, x, self.activation)
 
     def concat_norm_act_conv(self, features, norm, conv, checkpointed=False):
         """``conv(act(norm(cat(features))))``; ``checkpointed`` marks a dense layer's bottleneck."""
         if self.impl == "shared":
-            return concat_norm_act_conv(features, self.storages, norm, conv)
+            return concat_norm_act_conv(features, self.storages, norm, conv,
+                                        activation=self.activation.name,
+                                        activation_param=self.activation.param)
         if (checkpointed and self.impl == "checkpoint"
                 and any(f.requires_grad for f in features)):
-            return _checkpointed(features, norm, conv)
+            return _checkpointed(features, norm, conv, self.activation)
         x = features[0] if len(features) == 1 else torch.cat(features, 1)
-        return conv(_norm_act(norm, x))
+        return conv(self.norm_act(norm, x))
 
     def norm_act_conv(self, x, norm, conv):
         """``conv(act(norm(x)))`` of a convolution output ``x``; InPlace-ABN runs in place."""
@@ -154,16 +210,17 @@ class _DenseLayer(nn.Module):
         width = bn_size * growth_rate
         conv1 = nn.Conv2d(num_input_features, width, kernel_size=1, stride=1, bias=False)
         conv2 = nn.Conv2d(width, growth_rate, kernel_size=3, stride=1, padding=1, bias=False)
+        act = route.activation
         if preact:
-            self.norm1 = _make_norm(norm, num_input_features, input_is_conv_output=False)
+            self.norm1 = _make_norm(norm, num_input_features, False, act)
             self.conv1 = conv1
-            self.norm2 = _make_norm(norm, width, input_is_conv_output=True)
+            self.norm2 = _make_norm(norm, width, True, act)
             self.conv2 = conv2
         else:
             self.conv1 = conv1
-            self.norm1 = _make_norm(norm, width, input_is_conv_output=True)
+            self.norm1 = _make_norm(norm, width, True, act)
             self.conv2 = conv2
-            self.norm2 = _make_norm(norm, growth_rate, input_is_conv_output=True)
+            self.norm2 = _make_norm(norm, growth_rate, True, act)
         self.drop_rate = float(drop_rate)
         self.preact = preact
         self.route = route
@@ -177,8 +234,8 @@ class _DenseLayer(nn.Module):
         else:
             bottleneck = route.concat_norm_act_conv(features, None, self.conv1,
                                                     checkpointed=True)
-            new_features = _norm_act(self.norm2,
-                                     route.norm_act_conv(bottleneck, self.norm1, self.conv2))
+            new_features = route.norm_act(self.norm2,
+                                          route.norm_act_conv(bottleneck, self.norm1, self.conv2))
         if self.drop_rate > 0:
             new_features = F.dropout(new_features, p=self.drop_rate, training=self.training)
         return new_features
@@ -218,11 +275,11 @@ class _Transition(nn.Module):
         conv = nn.Conv2d(num_input_features, num_output_features, kernel_size=1, stride=1,
                          bias=False)
         if preact:
-            self.norm = _make_norm(norm, num_input_features, input_is_conv_output=False)
+            self.norm = _make_norm(norm, num_input_features, False, route.activation)
             self.conv = conv
         else:
             self.conv = conv
-            self.norm = _make_norm(norm, num_output_features, input_is_conv_output=True)
+            self.norm = _make_norm(norm, num_output_features, True, route.activation)
         self.pool = nn.AvgPool2d(kernel_size=2, stride=2)
         self.preact = preact
         self.route = route
@@ -231,13 +288,18 @@ class _Transition(nn.Module):
         if self.preact:
             out = self.route.concat_norm_act_conv(features, self.norm, self.conv)
         else:
-            out = _norm_act(self.norm, self.route.concat_norm_act_conv(features, None, self.conv))
+            out = self.route.norm_act(self.norm,
+                                      self.route.concat_norm_act_conv(features, None, self.conv))
         return self.pool(out)
 
 
-def _stem(num_init_features, small_inputs, norm, preact):
+def _stem(num_init_features, small_inputs, norm, preact, activation):
     """The first layers: a 3x3 convolution for 32x32 inputs (plus BN-act if post-activation),
-    torchvision's ``conv7x7/2 - BN - ReLU - maxpool3x3/2`` otherwise."""
+    torchvision's ``conv7x7/2 - BN - ReLU - maxpool3x3/2`` otherwise.
+
+    With ``norm="bn"`` the activation is a module after ``norm0``: torchvision's ``relu0``, or
+    ``act0`` for another activation (none for the identity); it has no state.
+    """
     if small_inputs:
         layers = [("conv0", nn.Conv2d(3, num_init_features, kernel_size=3, stride=1, padding=1,
                                       bias=False))]
@@ -245,9 +307,10 @@ def _stem(num_init_features, small_inputs, norm, preact):
         layers = [("conv0", nn.Conv2d(3, num_init_features, kernel_size=7, stride=2, padding=3,
                                       bias=False))]
     if not small_inputs or not preact:
-        layers.append(("norm0", _make_norm(norm, num_init_features, input_is_conv_output=True)))
-        if norm == "bn":
-            layers.append(("relu0", nn.ReLU(inplace=True)))
+        layers.append(("norm0", _make_norm(norm, num_init_features, True, activation)))
+        module = activation.module() if norm == "bn" else None
+        if module is not None:
+            layers.append(("relu0" if activation.name == "relu" else "act0", module))
     if not small_inputs:
         layers.append(("pool0", nn.MaxPool2d(kernel_size=3, stride=2, padding=1)))
     return layers
@@ -275,6 +338,26 @@ class _Features(nn.Sequential):
 def _check_int(name, value, minimum=1):
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
+
+
+def _check_activation(norm, activation, activation_param):
+    """The network's :class:`_Activation`: ``activation`` (``None``: ``norm``'s default)."""
+    if activation is None:
+        activation = DEFAULT_ACTIVATIONS[norm]
+    allowed = ALLOWED_ACTIVATIONS[norm]
+    if not isinstance(activation, str) or activation not in allowed:
+        reason = ""
+        if isinstance(activation, str) and activation in functional.ACTIVATIONS:
+            reason = (f" with norm={norm!r}: its in-place layers need an invertible "
+                      "activation")
+        raise ValueError(f"activation={activation!r} is not supported{reason}; "
+                         f"allowed: {', '.join(allowed)}")
+    _, param = functional.check_activation(activation, activation_param, inplace=norm != "bn")
+    if activation == "leaky_relu" and not param >= 0:
+        # the kernels and torch's in-place backward take the derivative from the output's sign
+        raise ValueError(f"activation_param={activation_param!r} for leaky_relu: the slope "
+                         "must be >= 0")
+    return _Activation(activation, param)
 
 
 def _check_arguments(growth_rate, block_config, num_init_features, bn_size, compression,
@@ -312,22 +395,30 @@ class DenseNet(nn.Module):
         num_classes: outputs of the classifier.
         small_inputs: 32x32 stem (3x3 convolution, no pooling) instead of the ImageNet one.
         impl: ``"naive"``, ``"shared"`` (memory-efficient, the default) or ``"checkpoint"``.
-        norm: ``"bn"`` (BatchNorm + ReLU) or ``"iabn"`` (InPlace-ABN, leaky ReLU 0.01).
+        norm: ``"bn"`` (``nn.BatchNorm2d`` + activation), ``"iabn"`` (InPlace-ABN) or
+            ``"iabn_sync"`` (InPlace-ABN synchronised over the default process group).
         preact: pre-activation (``BN-act-conv``, the default) or post-activation layers.
         drop_rate: dropout after each dense layer.
+        activation: ``"relu"`` (the default for ``norm="bn"``: torchvision's network),
+            ``"leaky_relu"`` (the default for the in-place norms), ``"elu"`` or
+            ``"identity"``; the in-place norms refuse ``"relu"``, which cannot be inverted.
+        activation_param: the leaky-ReLU slope (default 0.01, must be >= 0, > 0 in place) or
+            the ELU alpha (default 1, > 0).
     """
 
     def __init__(self, growth_rate, block_config, num_init_features, bn_size=4, compression=0.5,
                  num_classes=1000, small_inputs=False, impl="shared", norm="bn", preact=True,
-                 drop_rate=0):
+                 drop_rate=0, activation=None, activation_param=None):
         _check_arguments(growth_rate, block_config, num_init_features, bn_size, compression,
                          num_classes, small_inputs, impl, norm, preact, drop_rate)
+        act = _check_activation(norm, activation, activation_param)
         super().__init__()
         self.impl, self.norm, self.preact = impl, norm, preact
-        self._route = _Route(impl)
+        self.activation, self.activation_param = act.name, act.param
+        self._route = _Route(impl, act)
 
         self.features = _Features(OrderedDict(
-            _stem(num_init_features, small_inputs, norm, preact)))
+            _stem(num_init_features, small_inputs, norm, preact, act)))
         num_features = num_init_features
         for i, num_layers in enumerate(block_config):
             block = _DenseBlock(num_layers, num_features, bn_size, growth_rate, drop_rate, norm,
@@ -340,8 +431,7 @@ class DenseNet(nn.Module):
                     num_features, num_output_features, norm, preact, self._route))
                 num_features = num_output_features
         if preact:  # the last block's features are not normalized yet
-            self.features.add_module(
-                "norm5", _make_norm(norm, num_features, input_is_conv_output=False))
+            self.features.add_module("norm5", _make_norm(norm, num_features, False, act))
         self.classifier = nn.Linear(num_features, num_classes)
         self._initialize()
 
@@ -356,6 +446,11 @@ class DenseNet(nn.Module):
             elif isinstance(m, nn.Linear):
                 nn.init.constant_(m.bias, 0)
 
+    def extra_repr(self):
+        # the torch batch norms do not show the activation that follows them
+        return (f"impl={self.impl}, norm={self.norm}, preact={self.preact}, "
+                f"activation={self.activation}, activation_param={self.activation_param}")
+
     def shared_storage_bytes(self):
         """Bytes held by the shared storages (0 unless ``impl="shared"``)."""
         storages = self._route.storages
@@ -363,8 +458,8 @@ class DenseNet(nn.Module):
 
     def forward(self, x):
         out = self.features(x)
-        if self.preact and self.norm == "bn":  # the final BN's ReLU, as torchvision's
-            out = F.relu(out, inplace=True)
+        if self.preact and self.norm == "bn":  # the final BN's activation, as torchvision's
+            out = self._route.activation(out)
         out = torch.flatten(F.adaptive_avg_pool2d(out, (1, 1)), 1)
         return self.classifier(out)
 
@@ -472,8 +567,9 @@ def load_torchvision_state_dict(model, state_dict, strict=True):
     .get_state_dict()``. Checkpoints saved before PyTorch 0.4.1 have no
     ``num_batches_tracked``: each norm keeps its own count (0 in a new model), as
     ``nn.BatchNorm2d`` does. Only ``norm="bn"``,
-    ``preact=True`` computes torchvision's function; other ``norm`` values take the weights
-    with their own activation (and, with ``scale_mode="abs"``, the scale ``|weight| + eps``).
+    ``preact=True`` with the default ``activation="relu"`` computes torchvision's function;
+    other models take the weights with their own activation (and, with ``scale_mode="abs"``,
+    the scale ``|weight| + eps``).
     Returns ``model.load_state_dict``'s result (missing and unexpected keys).
     """
     if not isinstance(model, DenseNet):
@@ -483,4 +579,5 @@ def load_torchvision_state_dict(model, state_dict, strict=True):
 
 __all__ = ["DenseNet", "densenet_bc", "densenet121", "densenet169", "densenet201",
            "densenet161", "densenet232", "densenet264", "load_torchvision_state_dict",
-           "torchvision_state_dict", "IMPLS", "NORMS"]
+           "torchvision_state_dict", "IMPLS", "NORMS", "ALLOWED_ACTIVATIONS",
+           "DEFAULT_ACTIVATIONS"]

@@ -102,16 +102,23 @@ class _NormSpec:
     group: object = None
 
 
-def norm_activation(norm):
+def norm_activation(norm, activation="relu", activation_param=None):
     """``(kernel code, parameter, scale_mode)`` of a normalization module's activation.
 
-    ``nn.BatchNorm2d`` is followed by a ReLU (DenseNet's own choice) with the standard scale;
-    an :class:`~layers.ABN` carries its activation and scale parametrization.
+    A torch batch norm (``nn.BatchNorm2d``, ``nn.SyncBatchNorm``) is followed by
+    ``activation`` with ``activation_param`` (default ReLU, DenseNet's own choice; any
+    activation of :class:`~layers.ABN`, a leaky-ReLU slope >= 0) and has the standard scale;
+    an :class:`~layers.ABN` carries its activation and scale parametrization, and the two
+    arguments are ignored.
     """
     if isinstance(norm, ABN):
         act, slope = check_activation(norm.activation, norm.activation_param, inplace=False)
         return act, slope, norm.scale_mode
-    act, slope = check_activation("relu", None, inplace=False)
+    act, slope = check_activation(activation, activation_param, inplace=False)
+    if activation == "leaky_relu" and not slope >= 0:
+        # the backward kernels take the activation's derivative from the sign of its output
+        raise ValueError(f"activation_param={activation_param!r} for leaky_relu: the slope "
+                         "must be >= 0")
     return act, slope, "bn"
 
 
@@ -129,14 +136,14 @@ def norm_group(norm):
     return None
 
 
-def _norm_spec(norm):
+def _norm_spec(norm, activation, activation_param):
     """The spec and ``(running_mean, running_var)`` of ``norm`` for one forward call.
 
     Uses the module's own bookkeeping, as its forward would: in training it counts the batch in
     ``num_batches_tracked`` and picks the momentum (``None`` = cumulative average).
     """
+    act, slope, scale_mode = norm_activation(norm, activation, activation_param)
     training, running_mean, running_var, momentum = batch_norm_arguments(norm)
-    act, slope, scale_mode = norm_activation(norm)
     spec = _NormSpec(training, momentum, norm.eps, act, slope, scale_mode, norm_group(norm))
     return spec, running_mean, running_var
 
@@ -203,11 +210,13 @@ class _ConcatNormActConv(torch.autograd.Function):
                 dnorm_bias if needs[6] else None, None, None, *dfeatures)
 
 
-def concat_norm_act_conv(features, storages, norm, conv):
+def concat_norm_act_conv(features, storages, norm, conv, activation="relu",
+                         activation_param=None):
     """``conv(act(norm(torch.cat(features, 1))))`` through the shared ``storages``.
 
     ``features`` is a list of ``(N, C_i, H, W)`` tensors; ``norm`` an ``nn.BatchNorm2d``
-    (followed by ReLU), an :class:`~layers.ABN` (its own activation; an ``InPlaceABN`` is
+    (followed by ``activation`` with ``activation_param``, ReLU by default: see
+    :func:`norm_activation`), an :class:`~layers.ABN` (its own activation; an ``InPlaceABN`` is
     computed out of place here) or ``None`` (``conv(cat(features))``); ``conv`` an
     ``nn.Conv2d`` without bias, groups or dilation. The running statistics are updated once,
     as the modules' own forward would; the result and every gradient equal the composite's.
@@ -216,7 +225,8 @@ def concat_norm_act_conv(features, storages, norm, conv):
     """
     if conv.bias is not None or conv.groups != 1 or conv.dilation != (1, 1):
         raise ValueError("conv must be an nn.Conv2d with bias=False, groups=1, dilation=1")
-    spec, running_mean, running_var = (None, None, None) if norm is None else _norm_spec(norm)
+    spec, running_mean, running_var = ((None, None, None) if norm is None
+                                       else _norm_spec(norm, activation, activation_param))
     norm_weight = None if norm is None else norm.weight
     norm_bias = None if norm is None else norm.bias
     return _ConcatNormActConv.apply(storages, spec, conv.stride, conv.padding, conv.weight,

@@ -2,8 +2,10 @@
 
 ``shared`` and ``checkpoint`` are compared with ``naive`` in float64 (outputs, input and
 parameter gradients, running statistics, eval mode); ``naive`` itself with torchvision's
-DenseNet and, for ``norm="iabn"``, with a composite BN + leaky-ReLU reference. Memory claims
-are checked by counting what autograd saves (saved-tensor hooks).
+DenseNet and, for ``norm="iabn"``, with a composite BN + leaky-ReLU reference; STD-BN with
+another activation than ReLU (``norm="bn", activation=...``) with InPlace-ABN in
+``scale_mode="bn"``. Memory claims are checked by counting what autograd saves (saved-tensor
+hooks).
 """
 import itertools
 
@@ -319,6 +321,22 @@ def test_parameter_counts_match_the_papers(build, millions):
     (lambda: DenseNet(12, (), 24), "block_config"),
     (lambda: DenseNet(12, (6, 0), 24), "block_config"),
     (lambda: DenseNet(12, (6,), 24, bn_size=0), "bn_size=0"),
+    (lambda: densenet_bc(40, 12, activation="gelu"),
+     r"activation='gelu'.*allowed: relu, leaky_relu, elu, identity"),
+    (lambda: densenet_bc(40, 12, activation=None, norm="bn", activation_param=0.1),
+     "activation_param=0.1 for relu"),
+    (lambda: densenet_bc(40, 12, activation=1), "activation=1 .*allowed"),
+    (lambda: densenet_bc(40, 12, activation="leaky_relu", activation_param=-0.1),
+     "activation_param=-0.1 for leaky_relu"),
+    (lambda: densenet_bc(40, 12, activation="elu", activation_param=0), "activation_param=0"),
+    (lambda: densenet_bc(40, 12, norm="iabn", activation="relu"),
+     r"activation='relu'.*norm='iabn'.*invertible.*allowed: leaky_relu, elu, identity"),
+    (lambda: densenet121(norm="iabn_sync", activation="relu"),
+     r"activation='relu'.*norm='iabn_sync'.*invertible.*allowed: leaky_relu, elu, identity"),
+    (lambda: densenet_bc(40, 12, norm="iabn", activation_param=0),
+     "activation_param=0.0 for leaky_relu"),
+    (lambda: layers.shared_storage.norm_activation(torch.nn.BatchNorm2d(3), "leaky_relu", -1),
+     "activation_param=-1 for leaky_relu"),
 ])
 def test_bad_arguments_are_named(call, match):
     with pytest.raises(ValueError, match=match):
@@ -464,14 +482,111 @@ def test_iabn_sync_without_process_group_equals_iabn(impl, preact):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_torch_sync_batchnorm_in_the_memory_efficient_paths(impl):
+@pytest.mark.parametrize("activation", ("relu", "elu"))
+def test_torch_sync_batchnorm_in_the_memory_efficient_paths(impl, activation):
     """After torch's converter, norm="bn" networks hold SyncBatchNorm: the shared and
     checkpointed paths recompute through them without counting a batch twice (one process,
-    so nothing is synchronised) and compute what the plain network computes."""
+    so nothing is synchronised) and compute what the plain network computes, with the
+    network's activation after them."""
     torch.manual_seed(12)
-    reference = randomize_norms(tiny("naive")[0].double())
-    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(build_like(reference, impl, "cifar"))
+    reference = randomize_norms(tiny("naive", activation=activation)[0].double())
+    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(
+        build_like(reference, impl, "cifar", activation=activation))
     assert any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules())
     x = torch.randn(3, 3, 8, 8, dtype=torch.float64)
     grad = torch.randn(3, 10, dtype=torch.float64)
     assert_same(step(model.train(), x, grad), step(reference.train(), x, grad))
+
+
+# --------------------------------------------------------------------------- activations
+def as_scale_mode_bn(model):
+    """``model`` with every ABN layer in ``scale_mode="bn"`` (scale ``weight``, as BN)."""
+    for module in model.modules():
+        if isinstance(module, layers.ABN):
+            module.scale_mode = "bn"
+    return model
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("preact", (True, False))
+@pytest.mark.parametrize("activation, layout", [
+    ("leaky_relu", "cifar"), ("elu", "cifar"), ("identity", "cifar"), ("leaky_relu", "imagenet"),
+])
+def test_std_bn_with_an_activation_equals_inplace_abn_in_bn_scale_mode(impl, preact, activation,
+                                                                       layout):
+    """InPlace-ABN "trains on par with STD-BN" in its exact form (experiments/train/parity.py):
+    norm="bn" (PyTorch's BN, then the activation) and norm="iabn" with scale_mode="bn", same
+    state: same outputs, input and parameter gradients and running statistics after a training
+    step. The composite PyTorch ops of naive STD-BN are a reference independent of the kernels."""
+    torch.manual_seed(13)
+    if layout == "cifar":
+        def build(**kw):
+            return densenet_bc(10, 4, impl=impl, preact=preact, activation=activation, **kw)
+        shape = (4, 3, 8, 8)
+    else:
+        def build(**kw):
+            return DenseNet(4, (1, 1), 8, num_classes=10, impl=impl, preact=preact,
+                            activation=activation, **kw)
+        shape = (2, 3, 32, 32)
+    standard = randomize_norms(build(norm="bn").double())
+    assert {type(m) for m in standard.modules() if isinstance(m, layers.NORM_TYPES)} \
+        == {torch.nn.BatchNorm2d}
+    inplace = as_scale_mode_bn(build(norm="iabn").double())
+    assert any(isinstance(m, layers.InPlaceABN) for m in inplace.modules())
+    assert list(inplace.state_dict()) == list(standard.state_dict())
+    inplace.load_state_dict(standard.state_dict())
+    x = torch.randn(shape, dtype=torch.float64)
+    grad = torch.randn(shape[0], 10, dtype=torch.float64)
+    expected = step(standard.train(), x, grad)
+    assert expected["grad features.conv0.weight"].abs().sum() > 0
+    assert_same(step(inplace.train(), x, grad), expected)
+
+
+@pytest.mark.parametrize("preact", (True, False))
+@pytest.mark.parametrize("activation", ("leaky_relu", "elu", "identity"))
+def test_std_bn_activations_compute_the_same_function_in_every_implementation(preact,
+                                                                              activation):
+    """norm="bn" with another activation: the recomputing paths (the shared storages, the
+    checkpoint's second BN pass) apply it too, in training, eval and no_grad."""
+    torch.manual_seed(14)
+    reference, shape = tiny("naive", "imagenet", activation=activation, preact=preact)
+    reference = randomize_norms(reference.double())
+    x = torch.randn(shape, dtype=torch.float64)
+    grad = torch.randn(shape[0], 5, dtype=torch.float64)
+    expected = train_eval_nograd(build_like(reference, "naive", "imagenet", preact=preact,
+                                            activation=activation), x, grad)
+    for impl in ("shared", "checkpoint"):
+        model = build_like(reference, impl, "imagenet", preact=preact, activation=activation)
+        for actual, wanted in zip(train_eval_nograd(model, x, grad), expected):
+            assert_same(actual, wanted)
+
+
+def test_std_bn_activation_is_applied_everywhere_relu_was():
+    """A leaky ReLU of slope 0 is ReLU: torchvision's function with other stem module names;
+    ``features`` ends before the final activation, which ``forward`` applies."""
+    torch.manual_seed(15)
+    relu, shape = tiny("naive", "imagenet")
+    relu = randomize_norms(relu.double())
+    leaky = build_like(relu, "naive", "imagenet", activation="leaky_relu", activation_param=0)
+    assert isinstance(leaky.features.act0, torch.nn.LeakyReLU) and "relu0" not in \
+        dict(leaky.features.named_children())
+    assert isinstance(relu.features.relu0, torch.nn.ReLU)
+    assert list(leaky.state_dict()) == list(relu.state_dict())
+    x = torch.randn(shape, dtype=torch.float64)
+    grad = torch.randn(shape[0], 5, dtype=torch.float64)
+    assert_same(step(leaky, x, grad), step(relu, x, grad))
+    elu = build_like(relu, "naive", "imagenet", activation="elu", activation_param=0.5).eval()
+    assert elu.activation == "elu" and elu.activation_param == 0.5
+    assert "activation=elu, activation_param=0.5" in repr(elu)
+    with torch.no_grad():
+        pooled = torch.nn.functional.elu(elu.features(x), 0.5).mean((2, 3))
+        torch.testing.assert_close(elu.classifier(pooled), elu(x), rtol=1e-12, atol=1e-12)
+        assert not torch.allclose(elu(x), relu.eval()(x))
+
+
+def test_default_activations():
+    assert (densenet_bc(10, 4).activation, densenet_bc(10, 4, norm="iabn").activation) \
+        == ("relu", "leaky_relu")
+    model = densenet_bc(10, 4, norm="iabn_sync", activation="elu", activation_param=2.0)
+    norms = [m for m in model.modules() if isinstance(m, layers.NORM_TYPES)]
+    assert norms and all((m.activation, m.activation_param) == ("elu", 2.0) for m in norms)

@@ -100,22 +100,20 @@ def table1(frame):
 
 
 def parity(frame):
-    """The parity points: per model, the steps, the final losses of both networks and the
-    largest relative loss and parameter differences."""
+    """The parity points: per model, the steps, the first and final STD-BN loss, and for
+    InPlace-ABN and the rounding control the steps their loss stayed within rounding of
+    STD-BN's and the largest relative difference."""
     rows = frame[frame["point"].map(lambda p: p.startswith("parity"))]
-    _missing(rows, ["model", "step", "loss_std_bn", "loss_inplace_abn", "max_loss_rel_diff",
-                    "final_param_rel_diff"])
-    last = rows.sort_values("step").groupby("model").tail(1)
-    first = rows.sort_values("step").groupby("model").head(1).set_index("model")
-    return pd.DataFrame({
-        "model": last["model"].values,
-        "steps": (last["step"] + 1).values,
-        "first_loss": first.loc[last["model"], "loss_std_bn"].values,
-        "final_loss_std_bn": last["loss_std_bn"].values,
-        "final_loss_inplace_abn": last["loss_inplace_abn"].values,
-        "max_loss_rel_diff": last["max_loss_rel_diff"].values,
-        "final_param_rel_diff": last["final_param_rel_diff"].values,
-    })
+    columns = ["model", "step", "loss_std_bn"] + [
+        f"{key}_{network}" for network in ("inplace_abn", "control")
+        for key in ("steps_within_rounding", "max_loss_rel_diff")]
+    _missing(rows, columns)
+    ordered = rows.sort_values("step")
+    first = ordered.groupby("model").head(1).set_index("model")["loss_std_bn"]
+    last = ordered.groupby("model").tail(1).set_index("model")
+    table = last[columns[3:]].assign(steps=last["step"] + 1, first_loss=first,
+                                     final_loss=last["loss_std_bn"])
+    return table.reset_index()[["model", "steps", "first_loss", "final_loss", *columns[3:]]]
 
 
 __all__ = ["NETWORKS", "BATCHNORMS", "EVALUATIONS", "paper_table", "model_arguments",
