@@ -178,7 +178,10 @@ class InPlaceABN(ABN):
     terms of ``y`` (Fig. 2(e)).
 
     The input must not be a leaf that requires grad nor the output of another in-place layer
-    (use ``.clone()``): both would lose data that backward needs, and are refused.
+    (use ``.clone()``): both would lose data that backward needs, and are refused. With
+    ``scale_mode="bn"`` a differentiable forward where some ``|weight| < eps`` is refused too,
+    leaving the input as it was: at once on the CPU, at the latest in backward on the CUDA
+    kernels, which check on the device (:func:`layers.functional.check_pending`).
     """
 
     inplace = True

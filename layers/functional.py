@@ -19,9 +19,11 @@ Scale parametrization (``scale_mode``): with ``"abs"`` (the default, as in the a
 the per-channel scale is ``gamma = |weight| + eps``, so it can always be inverted; the gradient
 of ``weight`` is then ``sign(weight) * dL/dgamma``. With ``"bn"`` the scale is ``gamma = weight``
 exactly as in ``nn.BatchNorm2d``, so weights trained with standard BN load unchanged; an
-in-place layer then refuses (before touching its input) to run a differentiable forward in
-which some ``|weight| < eps``, because such a scale cannot be inverted reliably in backward
-(on a GPU, once per weight version: see ``_check_invertible_scale``).
+in-place layer then refuses (without touching its input) to run a differentiable forward in
+which some ``|weight| < eps``, because such a scale cannot be inverted reliably in backward.
+On the CPU kernels the check is immediate; on the CUDA kernels it runs on the device, without
+a host synchronisation, and the error comes at the latest in backward (see
+:class:`_DeviceCheck` and :func:`check_pending`).
 
 With ``group`` set and ``torch.distributed`` initialised, ``inplace_abn`` (and ``abn``, out of
 place) combines the batch statistics and the two backward reductions across the ranks of
@@ -32,6 +34,8 @@ ranks gives the full-batch gradient.
 """
 import dataclasses
 import math
+import threading
+import weakref
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -110,9 +114,13 @@ def _check_input(x, weight, bias, running_mean, running_var, training, eps, mome
 
 
 def _check_inplace_input(x, weight, eps, scale_mode):
-    """Refuse in-place calls whose gradient would be wrong, before ``x`` is overwritten."""
+    """Refuse in-place calls whose gradient would be wrong, before ``x`` is overwritten.
+
+    Returns the :class:`_DeviceCheck` of the ``|weight| >= eps`` check where it runs on the
+    device (the forward must then guard its writes with its flag), else ``None``.
+    """
     if not torch.is_grad_enabled():
-        return
+        return None
     if x.requires_grad and x.is_leaf:
         raise ValueError(
             "input is a leaf tensor that requires grad: an in-place layer would overwrite it; "
@@ -125,48 +133,150 @@ def _check_inplace_input(x, weight, eps, scale_mode):
             "backward; overwriting it would corrupt that layer's gradient: pass input.clone()"
         )
     differentiable = x.requires_grad or (weight is not None and weight.requires_grad)
-    if differentiable and scale_mode == "bn" and weight is not None:
-        _check_invertible_scale(weight, eps)
-
-
-#: Devices whose weight check is skipped while the weight is unchanged: reading the smallest
-#: ``|weight|`` there is a host synchronisation. On the CPU it is not, so every call checks.
-WEIGHT_CHECK_CACHED_DEVICES = ("cuda",)
-#: weight tensor -> the ``(data_ptr, version, eps)`` it last passed the check with.
-_checked_weights = WeakIdKeyDictionary()
+    if not (differentiable and scale_mode == "bn" and weight is not None):
+        return None
+    if getattr(backend(x), "DEVICE_GUARD", False):
+        _settle_ready(weight)  # an earlier refusal the host can read now is raised now
+        return _DeviceCheck(weight, eps)
+    _check_invertible_scale(weight, eps)
+    return None
 
 
 def _check_invertible_scale(weight, eps):
     """Raise unless every ``|weight| >= eps`` (``scale_mode="bn"``, in place, differentiable).
 
-    Reading the smallest ``|weight|`` on the host synchronises a GPU with it. On the devices
-    of :data:`WEIGHT_CHECK_CACHED_DEVICES` a weight that passed is therefore not checked again
-    while it is unchanged: same storage and same version counter (``weight._version``, which
-    every in-place write through autograd-visible tensors bumps: optimizer steps, writes under
-    ``torch.no_grad()``, ``load_state_dict``). So each weight is checked once after each
-    optimizer step, not at every forward (gradient accumulation, recomputation, evaluation with
-    gradients, timing loops). Writes through ``weight.data`` bypass the version counter; call
-    :func:`forget_weight_checks` after them.
+    The immediate check of the CPU kernels, where reading the weight costs no synchronisation.
+    A NaN weight fails it too.
     """
-    cached = weight.device.type in WEIGHT_CHECK_CACHED_DEVICES
-    key = (weight.data_ptr(), weight._version, float(eps))
-    if cached and _checked_weights.get(weight) == key:
-        return
-    smallest = weight.detach().abs().min().item()
-    if smallest < eps:
-        raise ValueError(
-            f"scale_mode='bn' needs |weight| >= eps={eps} to invert the scale in backward, "
-            f"but min |weight| = {smallest:.3g}; use scale_mode='abs' or re-initialise weight"
-        )
-    if cached:
-        _checked_weights[weight] = key
+    magnitude = weight.detach().abs()
+    if not bool(magnitude.ge(eps).all()):
+        raise _scale_error(magnitude, eps)
 
 
-def forget_weight_checks():
-    """Make the next in-place ``scale_mode="bn"`` forward check its weight again on every
-    device (needed only after writing weights through ``.data``, which PyTorch does not
-    version)."""
-    _checked_weights.clear()
+def _scale_error(magnitude, eps, note=""):
+    """The error of a failed check: ``eps``, the failing channels of ``weight`` and the
+    smallest ``|weight|`` (``magnitude``: ``|weight|`` as checked)."""
+    bad = torch.nonzero(~magnitude.ge(eps)).flatten().tolist()
+    shown = ", ".join(str(c) for c in bad[:8]) + (f", ... ({len(bad)} in all)"
+                                                  if len(bad) > 8 else "")
+    smallest = magnitude.min().item()
+    return ValueError(
+        f"scale_mode='bn' needs |weight| >= eps={eps} to invert the scale in backward, but "
+        f"|weight| < eps in channel(s) {shown} of weight (shape {tuple(magnitude.shape)}): "
+        f"min |weight| = {smallest:.3g}; use scale_mode='abs' or re-initialise weight{note}"
+    )
+
+
+class _DeviceCheck:
+    """``|weight| >= eps`` of one in-place forward, evaluated on the device (CUDA kernels).
+
+    The host never waits for it in the forward: ``flag`` (a ``(1,)`` bool on the device,
+    ``True``: refused) is computed by torch ops on the current stream before the kernels, which
+    read it and write nothing when it is set, and the forward skips its running-statistics
+    update the same way. A non-blocking copy of the flag to pinned host memory and an event
+    follow, so the host can read the result without a synchronisation once the device has got
+    that far. It is read (and the refusal raised, by :func:`_settle`):
+
+    * in the layer's next differentiable forward, if ready (:func:`_settle_ready`);
+    * in its backward, if ready; else the backward runs with NaN gradients where the flag is
+      set (never silent garbage from an unwritten output) and the result is read at the end of
+      the backward pass, waiting for the event if the device has still not finished that
+      forward. By then the whole backward is queued behind it, so the device does not idle;
+    * by :func:`check_pending`, at once.
+
+    Under ``LAYERS_KERNELS=cudasim`` the tensors are on the CPU: the same path runs, with the
+    flag read where it lies (computed synchronously, so always ready).
+    """
+
+    def __init__(self, weight, eps):
+        self.magnitude = weight.detach().abs()  # a copy: the weight as checked, for the error
+        self.eps = eps
+        self.flag = self.magnitude.ge(eps).all().logical_not().reshape(1)
+        self.weight = weakref.ref(weight)
+        self.failed = None  # the flag once read on the host
+        if self.flag.is_cuda:
+            self._host = torch.empty(1, dtype=torch.bool, pin_memory=True)
+            self._host.copy_(self.flag, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record(torch.cuda.current_stream(self.flag.device))
+        else:
+            self._host, self._event = self.flag, None
+        with _lock:
+            _pending.setdefault(weight, []).append(self)
+
+    def error(self):
+        return _scale_error(
+            self.magnitude, self.eps,
+            f". (Checked on {self.flag.device} without a host synchronisation: the refused "
+            "forward wrote neither its input nor the running statistics, and any gradient "
+            "computed through it is NaN.)")
+
+
+#: weight -> its :class:`_DeviceCheck` objects whose result the host has not read yet.
+_pending = WeakIdKeyDictionary()
+_lock = threading.RLock()  # backward (and its final callbacks) may run on autograd's threads
+
+
+def _ready(check):
+    """Whether ``check``'s flag can be read on the host without waiting for the device."""
+    return check._event is None or check._event.query()
+
+
+def _wait(check):
+    """Waits until the device has copied ``check``'s flag to the host."""
+    if check._event is not None:
+        check._event.synchronize()
+
+
+def _settle(check, wait):
+    """Reads ``check``'s result if ready (or, with ``wait``, after waiting); raises if it failed.
+
+    Returns ``False`` if the result is not ready and ``wait`` is false, else ``True``.
+    """
+    if check.failed is None:
+        if not _ready(check):
+            if not wait:
+                return False
+            _wait(check)
+        with _lock:
+            # Host memory that the device has finished writing: no synchronisation.
+            check.failed = bool(check._host.numpy()[0])
+            weight = check.weight()
+            checks = _pending.get(weight, []) if weight is not None else []
+            if check in checks:
+                checks.remove(check)
+                if not checks:
+                    _pending.pop(weight)
+    if check.failed:
+        raise check.error()
+    return True
+
+
+def _settle_ready(weight):
+    """Raises the refusal of an earlier forward of ``weight`` if the host can read it now."""
+    with _lock:
+        mine = list(_pending.get(weight, ()))
+    for check in mine:
+        _settle(check, wait=False)
+
+
+def _settle_after_backward(check):
+    """Reads ``check`` (waiting if need be) when the running backward pass has finished."""
+    torch.autograd.Variable._execution_engine.queue_callback(lambda: _settle(check, wait=True))
+
+
+def check_pending():
+    """Raise now the refusal of any in-place ``scale_mode="bn"`` forward whose device-side
+    check the host has not read yet, waiting for the device if need be.
+
+    On the CUDA kernels the ``|weight| >= eps`` check runs on the device and a refusal is
+    raised at the latest in the backward pass (see :class:`_DeviceCheck`); call this where you
+    want it sooner, e.g. after a forward that no backward follows. Nothing to do on the CPU.
+    """
+    with _lock:
+        checks = [check for checks in _pending.values() for check in checks]
+    for check in checks:
+        _settle(check, wait=True)
 
 
 # --------------------------------------------------------------------------- layouts
@@ -228,25 +338,35 @@ def _check_count(count, view):
         )
 
 
-def _batch_statistics(mean, m2, count, running_mean, running_var, momentum, eps):
-    """``rstd`` of the batch; updates the running statistics as ``nn.BatchNorm2d`` does."""
+def _batch_statistics(mean, m2, count, running_mean, running_var, momentum, eps, skip=None):
+    """``rstd`` of the batch; updates the running statistics as ``nn.BatchNorm2d`` does.
+
+    ``skip``: ``None`` or a ``(1,)`` bool device flag; where it is set the update is a no-op.
+    """
     if running_mean is not None:
         with torch.no_grad():
-            running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
             unbiased = (m2 / max(count - 1, 1)).to(running_var.dtype)
-            running_var.mul_(1 - momentum).add_(unbiased, alpha=momentum)
+            for running, batch in ((running_mean, mean.to(running_mean.dtype)),
+                                   (running_var, unbiased)):
+                if skip is None:
+                    running.mul_(1 - momentum).add_(batch, alpha=momentum)
+                else:
+                    updated = running.mul(1 - momentum).add_(batch, alpha=momentum)
+                    torch.where(skip, running, updated, out=running)
     return torch.rsqrt(m2 / count + eps)
 
 
 def normalize_activate_into(x, out, weight, bias, running_mean, running_var, training, momentum,
-                            eps, act, slope, scale_mode, group=None):
+                            eps, act, slope, scale_mode, group=None, skip=None):
     """Run the forward ``out = act(gamma * x_hat + beta)``; return the per-channel state.
 
     ``out`` may be ``x`` (in place). In training the batch statistics are used (combined over
     ``group``) and the running statistics, if given, updated as ``nn.BatchNorm2d`` does
     (unbiased variance); in eval the running statistics are used. Returns a (6, C) float64
     tensor of ``[gamma, beta, dgamma_dweight, mean, rstd, count]`` rows, everything backward
-    needs besides the activation-sized tensors.
+    needs besides the activation-sized tensors. ``skip`` (backends with ``DEVICE_GUARD``
+    only): a ``(1,)`` bool device flag; where it is set, neither ``out`` nor the running
+    statistics are written.
     """
     layout = _layout(x) or "ncs"  # any other layout runs on a contiguous copy
     view = _view(x, layout)
@@ -255,14 +375,16 @@ def normalize_activate_into(x, out, weight, bias, running_mean, running_var, tra
     count = view.numel() // channels
     gamma, beta, dgamma_dweight = _scale_and_shift(weight, bias, channels, eps, scale_mode, x)
     kernels = backend(view)
+    guard = {} if skip is None else {"skip": skip}
     if not training:
         mean = running_mean.double()
         rstd = torch.rsqrt(running_var.double() + eps)
         applied = False
     elif not distributed.active(group):  # statistics and output in one pass over the input
         _check_count(count, view)
-        mean, m2 = kernels.moments_forward(view, out_view, gamma, beta, eps, act, slope)
-        rstd = _batch_statistics(mean, m2, count, running_mean, running_var, momentum, eps)
+        mean, m2 = kernels.moments_forward(view, out_view, gamma, beta, eps, act, slope, **guard)
+        rstd = _batch_statistics(mean, m2, count, running_mean, running_var, momentum, eps,
+                                 skip)
         applied = True
     else:
         # A rank of a synchronised layer may hold no element at all: it contributes nothing.
@@ -270,12 +392,13 @@ def normalize_activate_into(x, out, weight, bias, running_mean, running_var, tra
                    torch.zeros(2, channels, dtype=torch.float64, device=view.device))
         mean, m2, count = distributed.combine_moments(moments, count, group)
         _check_count(count, view)  # the same global count on every rank: all raise together
-        rstd = _batch_statistics(mean, m2, count, running_mean, running_var, momentum, eps)
+        rstd = _batch_statistics(mean, m2, count, running_mean, running_var, momentum, eps,
+                                 skip)
         applied = False
     counts = torch.full_like(mean, float(count))
     channel = torch.stack([gamma, beta, dgamma_dweight, mean, rstd, counts])
     if not applied:
-        _apply(view, out_view, channel, act, slope)
+        _apply(view, out_view, channel, act, slope, **guard)
     _write_back(out, out_view, layout)
     return channel
 
@@ -293,12 +416,14 @@ def reapply_into(x, out, channel, act, slope):
     _write_back(out, out_view, layout)
 
 
-def _apply(view, out_view, channel, act, slope):
-    """``out = act(gamma * (x - mean) * rstd + beta)`` on canonical views."""
+def _apply(view, out_view, channel, act, slope, **guard):
+    """``out = act(gamma * (x - mean) * rstd + beta)`` on canonical views (``guard``: the
+    ``skip`` of :func:`normalize_activate_into`, if any)."""
     gamma, beta, _, mean, rstd, _ = channel
     a = gamma * rstd
     b = beta - mean * a
-    backend(view).forward(view, out_view, a.to(view.dtype), b.to(view.dtype), act, slope)
+    backend(view).forward(view, out_view, a.to(view.dtype), b.to(view.dtype), act, slope,
+                          **guard)
 
 
 def _write_back(out, out_view, layout):
@@ -359,12 +484,14 @@ class BackwardSpec:
                    dtype)
 
 
-def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True):
+def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True, poison=None):
     """Gradients ``(dx, dweight, dbias)`` of ``z = act(BN(x))`` given ``dz``.
 
     ``channel`` is the per-channel state returned by :func:`normalize_activate_into`; ``x`` is
     only read in ``MODE_XHAT_FROM_X`` (pass ``None`` otherwise: ``v`` is recovered from ``z``).
     ``dx`` is a new tensor (``None`` unless ``input_grad``); ``dz`` is never written.
+    ``poison``: ``None`` or a ``(1,)`` bool device flag; where it is set every gradient is NaN
+    (a forward refused on the device left ``z`` unwritten), without a host synchronisation.
     """
     gamma, beta, dgamma_dweight, mean, rstd, _ = channel
     layout = _layout(z) or "ncs"
@@ -378,11 +505,15 @@ def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True):
     p, q = p.to(z.dtype), q.to(z.dtype)
     local = kernels.backward_reduce(z_view, dz_view, x_view, p, q, spec.act, spec.slope,
                                     spec.mode)
+    if poison is not None:
+        local = torch.where(poison, math.nan, local)
     variant_y = spec.mode == common.MODE_Y
     dx = None
     if input_grad:
         sums = distributed.all_reduce_sum(local.clone(), spec.group) if spec.training else local
         coef = _input_gradient_coefficients(channel, sums, spec.training, variant_y)
+        if poison is not None:  # dx = dy * k0 + v * k1 + k2: NaN wherever the k are
+            coef = torch.where(poison, math.nan, coef)
         dx = _empty_like_layout(z, layout)
         kernels.backward_input(z_view, dz_view, x_view, p, q, coef.to(z.dtype), spec.act,
                                spec.slope, spec.mode, _view(dx, layout))
@@ -417,11 +548,14 @@ class _ABN(torch.autograd.Function):
 class _InPlaceABN(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps, act,
-                slope, scale_mode, variant, group):
+                slope, scale_mode, variant, group, check):
+        skip = None if check is None else check.flag
         channel = normalize_activate_into(x, x, weight, bias, running_mean, running_var,
-                                          training, momentum, eps, act, slope, scale_mode, group)
+                                          training, momentum, eps, act, slope, scale_mode, group,
+                                          skip)
         mode = common.MODE_Y if variant == "II" else common.MODE_XHAT_FROM_Y
         ctx.spec = BackwardSpec.of(mode, act, slope, training, group, weight, bias)
+        ctx.check = check
         ctx.mark_dirty(x)
         ctx.save_for_backward(x, channel)
         return x
@@ -430,9 +564,13 @@ class _InPlaceABN(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dz):
         z, channel = ctx.saved_tensors
+        poison = None
+        if ctx.check is not None and not _settle(ctx.check, wait=False):
+            poison = ctx.check.flag  # not known on the host yet: read after this backward
+            _settle_after_backward(ctx.check)
         grads = normalize_activate_backward(z, dz, None, channel, ctx.spec,
-                                            ctx.needs_input_grad[0])
-        return grads + (None,) * 10
+                                            ctx.needs_input_grad[0], poison)
+        return grads + (None,) * 11
 
 
 def abn(input, weight=None, bias=None, running_mean=None, running_var=None, training=True,
@@ -468,10 +606,10 @@ def inplace_abn(input, weight=None, bias=None, running_mean=None, running_var=No
     check_choice("variant", variant, VARIANTS)
     check_choice("scale_mode", scale_mode, SCALE_MODES)
     _check_input(input, weight, bias, running_mean, running_var, training, eps, momentum)
-    _check_inplace_input(input, weight, eps, scale_mode)
+    check = _check_inplace_input(input, weight, eps, scale_mode)
     return _InPlaceABN.apply(input, weight, bias, running_mean, running_var, training, momentum,
-                             eps, act, slope, scale_mode, variant, group)
+                             eps, act, slope, scale_mode, variant, group, check)
 
 
-__all__ = ["abn", "inplace_abn", "forget_weight_checks", "ACTIVATIONS",
+__all__ = ["abn", "inplace_abn", "check_pending", "ACTIVATIONS",
            "INVERTIBLE_ACTIVATIONS", "VARIANTS", "SCALE_MODES"]

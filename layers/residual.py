@@ -72,8 +72,9 @@ class BatchNormAct2d(NormBase):
     ``nn.BatchNorm2d``; with ``activation="relu"`` it computes torchvision's ``bn`` + ``relu``
     pair. Like the ABN layers it is a :class:`layers.abn.NormBase`, not a ``_BatchNorm``, so
     PyTorch's BN walkers (``nn.SyncBatchNorm.convert_sync_batchnorm``, BN folding) cannot drop
-    its activation; ``layers.convert_sync_batchnorm(..., convert_batchnorm=True)`` synchronises
-    it.
+    its activation. Neither converter synchronises it (see :func:`layers.convert_sync_batchnorm`):
+    a ``norm="bn"`` residual network trains with per-rank statistics, the paper's STD-BN
+    baseline; ``norm="iabn_sync"`` is the synchronised one.
     """
 
     def __init__(self, num_features, activation="leaky_relu", activation_param=None, **kwargs):

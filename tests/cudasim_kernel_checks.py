@@ -130,6 +130,31 @@ def check_forward(shape, dtype, act, slope, gen, in_place=False):
           dtype)
 
 
+def check_skip(shape, dtype, gen):
+    """``skip``: a set flag makes ``forward`` and ``moments_forward`` write nothing (the moments
+    are still returned); a clear one changes nothing."""
+    x = torch.randn(shape, generator=gen, dtype=dtype) * 2 + 1
+    a, b = (torch.randn(shape[1], generator=gen, dtype=dtype) for _ in range(2))
+    gamma, beta = a.double(), b.double()
+    tag = f"{tuple(shape)} {dtype}"
+    for flag in (True, False):
+        out = torch.full_like(x, 7.0)
+        kernels.forward(x, out, a, b, common.ACT_ELU, 1.0, skip=torch.tensor([flag]))
+        want = torch.full_like(x, 7.0) if flag else torch.empty_like(x)
+        if not flag:
+            kernels.forward(x, want, a, b, common.ACT_ELU, 1.0)
+        if not torch.equal(out, want):
+            failures.append(f"forward skip={flag} {tag}: output differs")
+        inplace = x.clone()
+        got = kernels.moments_forward(inplace, inplace, gamma, beta, 1e-5, common.ACT_LEAKY_RELU,
+                                      0.1, skip=torch.tensor([flag]))
+        check(f"moments_forward skip={flag} {tag} moments", got, kernels.moments(x), dtype,
+              exact_input=True)
+        if flag != torch.equal(inplace, x):
+            failures.append(f"moments_forward skip={flag} {tag}: input "
+                            + ("written" if flag else "not written"))
+
+
 def check_backward(shape, dtype, act, slope, mode, gen):
     z, dz, x, p, q, coef = backward_inputs(shape, dtype, act, slope, gen)
     if mode != common.MODE_XHAT_FROM_X:
@@ -153,6 +178,7 @@ def main(layout, dtype_name):
     for act, slope in INVERTIBLE + [RELU]:
         check_forward(small, dtype, act, slope, gen)
     check_forward(small, dtype, common.ACT_LEAKY_RELU, 0.2, gen, in_place=True)
+    check_skip(small, dtype, gen)
     for act, slope, mode in BACKWARD_CASES:
         check_backward(small, dtype, act, slope, mode, gen)
     for shape in GEOMETRY[layout]:

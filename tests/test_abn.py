@@ -406,17 +406,6 @@ def test_bad_input_is_refused(build, call, match):
         call(module)
 
 
-def test_refusal_leaves_input_untouched():
-    layer = layers.InPlaceABN(3, scale_mode="bn")
-    with torch.no_grad():
-        layer.weight[1] = 0.0
-    x = non_leaf()
-    before = x.detach().clone()
-    with pytest.raises(ValueError, match=r"\|weight\| >= eps"):
-        layer(x)
-    assert torch.equal(x.detach(), before)
-
-
 def test_chained_inplace_layers_work_with_a_clone():
     first, second = layers.InPlaceABN(3), layers.InPlaceABN(3)
     x = non_leaf()
@@ -549,78 +538,203 @@ def test_eval_uses_running_statistics_and_counts_no_batch():
 
 
 # --------------------------------------------------------------------------- |weight| check
-def count_weight_checks(monkeypatch, devices=("cpu", "cuda")):
-    """A list that grows by one each time ``|weight|`` is read on the host."""
+#: Whether the kernels in use check ``scale_mode="bn"`` weights on the device (the CUDA kernels,
+#: here under LAYERS_KERNELS=cudasim) rather than on the host before the forward (CPU kernels).
+DEVICE_CHECKED = getattr(layers.kernels.backend(torch.zeros(1)), "DEVICE_GUARD", False)
+device_checked = pytest.mark.skipif(not DEVICE_CHECKED,
+                                    reason="the CPU kernels check on the host, at once")
+REFUSAL = r"scale_mode='bn' needs \|weight\| >= eps=1e-05 .* channel\(s\) 1 of weight " \
+          r"\(shape \(2,\)\): min \|weight\| = 0;"
+
+
+def refused_layer(**kwargs):
+    """A 2-channel ``scale_mode="bn"`` layer whose weight 1 is 0 (< eps), and its state."""
+    layer = make_layer(layers.InPlaceABN, channels=2, scale_mode="bn", **kwargs)
+    with torch.no_grad():
+        layer.weight[1] = 0.0
+    return layer, [t.clone() for t in (layer.running_mean, layer.running_var)]
+
+
+def small_input(seed=3):
+    x, _ = random_input((2, 2, 3), seed=seed)
+    return x.requires_grad_() * 1  # non-leaf
+
+
+@kernels
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_bn_scale_refusal_writes_nothing_and_raises_by_backward(training):
+    layer, running = refused_layer()
+    layer.train(training)
+    x = small_input()
+    before = x.detach().clone()
+    with pytest.raises(ValueError, match=REFUSAL):
+        out = layer(x)
+        # On the device the forward is refused there, without a host read: it returns, having
+        # written nothing; the error comes at the latest in backward.
+        assert DEVICE_CHECKED and out is x
+        assert torch.equal(x.detach(), before)
+        out.sum().backward()
+    assert torch.equal(x.detach(), before)
+    assert torch.equal(layer.running_mean, running[0])
+    assert torch.equal(layer.running_var, running[1])
+
+
+@kernels
+@device_checked
+def test_bn_scale_refusal_raised_at_next_forward_and_by_check_pending():
+    layer, running = refused_layer()
+    layer(small_input())  # no backward follows
+    with pytest.raises(ValueError, match=REFUSAL):
+        layer(small_input())  # this layer's next forward reads the earlier result
+    layers.functional.check_pending()  # raised once: nothing pending now
+    x = small_input()
+    before = x.detach().clone()
+    layer(x)
+    assert torch.equal(x.detach(), before)
+    with pytest.raises(ValueError, match=REFUSAL):
+        layers.functional.check_pending()
+    assert torch.equal(layer.running_mean, running[0])
+
+
+@kernels
+@device_checked
+def test_bn_scale_refusal_when_the_device_is_behind(monkeypatch):
+    """The host reaches backward before the device has read the weight: the backward runs with
+    NaN gradients (never garbage from the unwritten output) and raises when it ends."""
+    waits = []
+    monkeypatch.setattr(layers.functional, "_ready", lambda check: False)
+    monkeypatch.setattr(layers.functional, "_wait", lambda check: waits.append(check))
+    layer, running = refused_layer()
+    leaf = small_input().detach().requires_grad_()
+    x = leaf * 1
+    before = x.detach().clone()
+    out = layer(x)
+    assert torch.equal(out.detach(), before) and torch.equal(layer.running_mean, running[0])
+    with pytest.raises(ValueError, match=REFUSAL):
+        out.sum().backward()
+    assert len(waits) == 1  # read once, when the backward pass had been queued
+    assert torch.isnan(leaf.grad).all()
+    assert torch.isnan(layer.weight.grad).all() and torch.isnan(layer.bias.grad).all()
+    layers.functional.check_pending()  # nothing left
+
+
+@kernels
+@device_checked
+def test_bn_scale_passing_check_when_the_device_is_behind(monkeypatch):
+    """Gradients are unchanged when the check's result is read only after the backward."""
+    layer = make_layer(layers.InPlaceABN, channels=2, scale_mode="bn")
+    x, grad = random_input((2, 2, 3))
+    expected = run_layer(layer, x, grad)
+    monkeypatch.setattr(layers.functional, "_ready", lambda check: False)
+    monkeypatch.setattr(layers.functional, "_wait", lambda check: None)
+    for got, want in zip(run_layer(layer, x, grad), expected):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    layers.functional.check_pending()
+
+
+def count_host_reads(monkeypatch):
+    """A list that grows by one at each host read of a tensor or device synchronisation."""
     calls = []
-    original = torch.Tensor.min
 
-    def counting(self, *args, **kwargs):
-        calls.append(None)
-        return original(self, *args, **kwargs)
+    def counting(name, original):
+        def wrapper(*args, **kwargs):
+            calls.append(name)
+            return original(*args, **kwargs)
+        return wrapper
 
-    monkeypatch.setattr(layers.functional, "WEIGHT_CHECK_CACHED_DEVICES", devices)
-    monkeypatch.setattr(torch.Tensor, "min", counting)
-    layers.functional.forget_weight_checks()
+    for name in ("item", "tolist", "cpu", "__bool__", "__float__", "__int__"):
+        monkeypatch.setattr(torch.Tensor, name, counting(name, getattr(torch.Tensor, name)))
+    monkeypatch.setattr(torch.cuda, "synchronize", counting("synchronize", torch.cuda.synchronize))
+    monkeypatch.setattr(torch.cuda.Event, "synchronize",
+                        counting("Event.synchronize", torch.cuda.Event.synchronize))
+    monkeypatch.setattr(layers.functional, "_wait",
+                        counting("_wait", layers.functional._wait))
     return calls
 
 
-def test_weight_check_runs_once_per_weight_version(monkeypatch):
-    layer = layers.InPlaceABN(3, scale_mode="bn")
-    checks = count_weight_checks(monkeypatch)
-    layer(non_leaf()).sum().backward()
-    assert len(checks) == 1
-    layer(non_leaf()).sum().backward()
-    layer(non_leaf()).sum().backward()
-    assert len(checks) == 1  # unchanged weight: no second host read
-    torch.optim.SGD(layer.parameters(), lr=0.1).step()
-    layer(non_leaf())
-    assert len(checks) == 2  # an optimizer step bumps the weight's version
+@kernels
+@device_checked
+def test_training_steps_check_weights_without_host_synchronisation(monkeypatch):
+    layer = make_layer(layers.InPlaceABN, channels=2, scale_mode="bn")
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    checks = []
+    original = layers.functional._DeviceCheck
+
+    def device_check(weight, eps):
+        checks.append(weight._version)
+        return original(weight, eps)
+
+    monkeypatch.setattr(layers.functional, "_DeviceCheck", device_check)
+    reads = count_host_reads(monkeypatch)
+    for step in range(2):
+        layer(small_input(seed=step)).sum().backward()
+        optimizer.step()
+    assert reads == []
+    assert len(checks) == 2 and checks[0] != checks[1]  # each new weight checked on the device
+
+
+def test_weight_check_on_cpu_kernels_is_immediate(monkeypatch):
+    """The CPU kernels check on the host (no synchronisation to save), at every forward."""
+    if DEVICE_CHECKED:
+        pytest.skip("the CUDA kernels check on the device")
+    checks = []
+    original = layers.functional._check_invertible_scale
+    monkeypatch.setattr(layers.functional, "_check_invertible_scale",
+                        lambda weight, eps: checks.append(None) or original(weight, eps))
+    layer, running = refused_layer()
+    with torch.no_grad():
+        layer.weight[1] = 1.0
+    for _ in range(2):
+        layer(small_input())
+    assert len(checks) == 2
     with torch.no_grad():
         layer.weight[1] = 0.0
-    x = non_leaf()
+    x = small_input()
     before = x.detach().clone()
-    with pytest.raises(ValueError, match=r"\|weight\| >= eps"):
-        layer(x)
-    assert torch.equal(x.detach(), before)  # refused before the input was overwritten
-    with pytest.raises(ValueError, match=r"\|weight\| >= eps"):
-        layer(non_leaf())  # a refused weight is not remembered as checked
-    layer.load_state_dict(layers.InPlaceABN(3).state_dict())
-    layer(non_leaf())  # load_state_dict writes the weight in place: checked again, and passes
-    assert len(checks) == 5
+    running = [t.clone() for t in (layer.running_mean, layer.running_var)]
+    with pytest.raises(ValueError, match=REFUSAL):
+        layer(x)  # in the forward itself, before the kernels run
+    assert torch.equal(x.detach(), before)
+    assert torch.equal(layer.running_mean, running[0])
+    assert not layers.functional._pending
 
 
-def test_weight_check_after_writes_through_data(monkeypatch):
-    """``.data`` writes are invisible to the version counter: forget_weight_checks()."""
-    layer = layers.InPlaceABN(3, scale_mode="bn")
-    count_weight_checks(monkeypatch)
-    layer(non_leaf())
-    layer.weight.data[0] = 0.0
-    layers.functional.forget_weight_checks()
-    with pytest.raises(ValueError, match=r"\|weight\| >= eps"):
-        layer(non_leaf())
-
-
-def test_weight_check_on_cpu_reads_every_time(monkeypatch):
-    layer = layers.InPlaceABN(3, scale_mode="bn")
-    checks = count_weight_checks(monkeypatch, devices=layers.functional.WEIGHT_CHECK_CACHED_DEVICES)
-    for _ in range(3):
-        layer(non_leaf())
-    assert len(checks) == 3  # no host synchronisation to save on the CPU: always exact
+@kernels
+def test_weight_check_refuses_nan_weights():
+    layer, _ = refused_layer()
+    with torch.no_grad():
+        layer.weight[1] = float("nan")
+    with pytest.raises(ValueError, match=r"channel\(s\) 1 of weight .* min \|weight\| = nan"):
+        layer(small_input()).sum().backward()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_weight_check_does_not_synchronise_a_gpu_with_unchanged_weights():
+def test_weight_check_does_not_synchronise_a_gpu():
     layer = layers.InPlaceABN(8, scale_mode="bn").cuda()
     conv = nn.Conv2d(3, 8, 1).cuda()
+    optimizer = torch.optim.SGD([*layer.parameters(), *conv.parameters()], lr=0.1)
     x = torch.randn(4, 3, 16, 16, device="cuda")
-    layer(conv(x)).sum().backward()  # compiles, checks the weight once
+    layer(conv(x)).sum().backward()  # compiles the kernels
+    optimizer.step()
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for _ in range(2):
-            layer(conv(x))
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    for _ in range(2):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = layer(conv(x))  # a new weight version each time: checked on the device
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        out.sum().backward()
+        optimizer.step()
+    with torch.no_grad():
+        layer.weight[3] = 0.0
+    y = conv(x)
+    before = y.detach().clone()
+    with pytest.raises(ValueError, match=r"channel\(s\) 3 of weight"):
+        out = layer(y)
+        torch.cuda.synchronize()
+        assert torch.equal(y.detach(), before)
+        out.sum().backward()
+    assert torch.equal(y.detach(), before)
 
 
 # --------------------------------------------------------------------------- empty inputs

@@ -131,7 +131,7 @@ def test_target_runs_as_a_slurm_job(slurm, tmp_path):
     try:
         result = subprocess.run(
             [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path),
-             "--profile", str(PROFILE), "--configfile", str(configfile), TARGET],
+             "--profile", str(PROFILE), TARGET, "--configfile", str(configfile)],
             capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         # Leave no job of ours behind: each has a log named by its SLURM job id.

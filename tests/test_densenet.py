@@ -16,6 +16,7 @@ import torchvision
 import layers
 import layers.shared_storage
 from abn_reference import composite
+from model_steps import randomize_norms, step
 from experiments.measure.step import saved_tensor_bytes
 from layers.abn import ABN, batch_norm_arguments
 from layers.densenet import (DenseNet, densenet121, densenet161, densenet169, densenet201,
@@ -33,38 +34,11 @@ def tiny(impl, layout="cifar", **kwargs):
     return DenseNet(4, (2, 1, 2, 1), 8, num_classes=5, impl=impl, **kwargs), (2, 3, 64, 64)
 
 
-def randomize_norms(model, seed=0):
-    """Weights of both signs, biases and running statistics away from their defaults."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, layers.NORM_TYPES):
-                c = module.num_features
-                sign = torch.where(torch.rand(c, generator=generator) < 0.2, -1.0, 1.0)
-                module.weight.copy_(sign * (0.5 + torch.rand(c, generator=generator)))
-                module.bias.copy_(torch.randn(c, generator=generator) * 0.1)
-                module.running_mean.copy_(torch.randn(c, generator=generator) * 0.1)
-                module.running_var.copy_(0.5 + torch.rand(c, generator=generator))
-    return model
-
-
 def build_like(reference, impl, layout, **kwargs):
     """A float64 network with ``reference``'s state, in implementation ``impl``."""
     model = tiny(impl, layout, **kwargs)[0].double()
     model.load_state_dict(reference.state_dict())
     return model
-
-
-def step(model, x, grad):
-    """Output, input and parameter gradients of one forward + backward, and the buffers."""
-    model.zero_grad(set_to_none=True)
-    x = x.clone().requires_grad_()
-    out = model(x)
-    out.backward(grad)
-    result = {"output": out.detach(), "input grad": x.grad}
-    result.update({f"grad {n}": p.grad for n, p in model.named_parameters()})
-    result.update({f"buffer {n}": b.clone() for n, b in model.named_buffers()})
-    return result
 
 
 def assert_same(actual, expected):

@@ -11,22 +11,7 @@ import torch.nn as nn
 
 import layers
 from layers.residual import BatchNormAct2d
-
-
-def randomize(model, seed=0):
-    """Weights of both signs (|w| >= 0.5), biases and running statistics off their defaults."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, layers.NORM_TYPES) and m.affine:
-                c = m.num_features
-                signs = torch.where(torch.rand(c, generator=generator) < 0.3, -1.0, 1.0)
-                m.weight.copy_(signs * (0.5 + torch.rand(c, generator=generator)))
-                m.bias.copy_(torch.randn(c, generator=generator))
-                if m.running_mean is not None:
-                    m.running_mean.copy_(torch.randn(c, generator=generator) * 0.1)
-                    m.running_var.copy_(0.5 + torch.rand(c, generator=generator))
-    return model
+from model_steps import randomize_norms, step
 
 
 def mixed_model():
@@ -49,18 +34,7 @@ def mixed_model():
         nn.BatchNorm2d(6, track_running_stats=False),  # 12: fused with the Identity
         nn.Identity(),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 3))
-    return randomize(model).double()
-
-
-def train_step(model, x, grad):
-    model.zero_grad(set_to_none=True)
-    leaf = x.clone().requires_grad_()
-    out = model(leaf)
-    out.backward(grad)
-    result = {"output": out.detach(), "input grad": leaf.grad}
-    result.update({f"grad {n}": p.grad for n, p in model.named_parameters()})
-    result.update({f"buffer {n}": b.clone() for n, b in model.named_buffers()})
-    return result
+    return randomize_norms(model, negative=0.3, bias_scale=1.0).double()
 
 
 def assert_same_results(converted, original, shape, classes, steps=2):
@@ -68,8 +42,8 @@ def assert_same_results(converted, original, shape, classes, steps=2):
     for mode in ["train"] * steps + ["eval"]:
         x = torch.randn(shape, dtype=torch.float64, generator=generator)
         grad = torch.randn(shape[0], *classes, dtype=torch.float64, generator=generator)
-        got = train_step(getattr(converted, mode)(), x, grad)
-        want = train_step(getattr(original, mode)(), x, grad)
+        got = step(getattr(converted, mode)(), x, grad)
+        want = step(getattr(original, mode)(), x, grad)
         assert got.keys() == want.keys()
         for key in want:
             torch.testing.assert_close(got[key], want[key], rtol=1e-10, atol=1e-10,
@@ -161,7 +135,8 @@ def test_a_subclass_of_abn_is_refused():
 @pytest.mark.parametrize("impl", ["naive", "shared", "checkpoint"])
 def test_densenet_converted_keeps_its_function(impl):
     torch.manual_seed(2)
-    original = randomize(layers.densenet_bc(16, 4, norm="iabn", impl=impl)).double()
+    original = randomize_norms(layers.densenet_bc(16, 4, norm="iabn", impl=impl),
+                               negative=0.3, bias_scale=1.0).double()
     converted = layers.convert_sync_batchnorm(copy.deepcopy(original))
     kinds = {type(m) for m in converted.modules() if isinstance(m, layers.NORM_TYPES)}
     assert kinds == {layers.ABNSync, layers.InPlaceABNSync}

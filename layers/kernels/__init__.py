@@ -10,6 +10,11 @@ Two modules implement one API on the canonical views of :mod:`layers.kernels.com
     backward_reduce(z, dz, x, p, q, act, slope, mode) -> (2, C) float64  # [sum dy, sum dy*v]
     backward_input(z, dz, x, p, q, coef, act, slope, mode, out)  # out = dy*k0 + v*k1 + k2
 
+The CUDA backend's ``forward`` and ``moments_forward`` also take ``skip``, a ``(1,)`` bool
+tensor on the device: while it holds ``True`` they write nothing (``DEVICE_GUARD``), which lets
+:mod:`layers.functional` refuse an in-place forward on the device without a host
+synchronisation.
+
 CUDA tensors always run the CUDA kernels. CPU tensors run the CPU kernels, unless the
 environment variable ``LAYERS_KERNELS=cudasim`` is set when :mod:`layers` is imported: then they
 run the CUDA kernels under numba's CUDA simulator, which tests the CUDA code end to end on a

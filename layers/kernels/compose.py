@@ -2,15 +2,16 @@
 import torch
 
 
-def compose_moments_forward(kernels, x, out, gamma, beta, eps, act, slope):
+def compose_moments_forward(kernels, x, out, gamma, beta, eps, act, slope, **forward_options):
     """``moments_forward`` as ``kernels.moments`` followed by ``kernels.forward``.
 
     Returns the ``(2, C)`` float64 ``[mean, M2]`` and writes
-    ``out = act(gamma * (x - mean) / sqrt(M2 / count + eps) + beta)``.
+    ``out = act(gamma * (x - mean) / sqrt(M2 / count + eps) + beta)``. ``forward_options`` go
+    to ``kernels.forward`` (the CUDA backend's ``skip``).
     """
     moments = kernels.moments(x)
     count = x.numel() // x.shape[1 if x.dim() == 3 else -1]
     scale = gamma * torch.rsqrt(moments[1] / count + eps)
     shift = beta - moments[0] * scale
-    kernels.forward(x, out, scale.to(x.dtype), shift.to(x.dtype), act, slope)
+    kernels.forward(x, out, scale.to(x.dtype), shift.to(x.dtype), act, slope, **forward_options)
     return moments

@@ -74,6 +74,11 @@ DEPENDENCIES = (common.__file__,)
 #: Whether numba.cuda is the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1`` before its import).
 SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
 
+#: ``forward`` and ``moments_forward`` take ``skip``, a device-side flag that makes them write
+#: nothing: :mod:`layers.functional` checks an in-place ``scale_mode="bn"`` layer's weight on
+#: the device with it, with no host synchronisation, on this backend.
+DEVICE_GUARD = True
+
 _THREADS = 256  # threads per block of the main kernels
 _TILE_C = 32  # channels per block in the (M, C) view: one warp wide
 _ROWS = _THREADS // _TILE_C  # rows per block step in the (M, C) view
@@ -215,8 +220,10 @@ def _grad_sums_3d(z, dz, x, p, q, act, slope, floor, mode, span, partials):
         partials[1, cuda.blockIdx.y, c] = s2
 
 
-def _forward_3d(x, out, a, b, act, slope, span):
-    """``out = act(x * a[c] + b[c])``."""
+def _forward_3d(x, out, a, b, act, slope, span, skip):
+    """``out = act(x * a[c] + b[c])``; writes nothing if ``skip[0]`` is non-zero."""
+    if skip[0] != 0:
+        return
     c = cuda.blockIdx.x
     ac = a[c]
     bc = b[c]
@@ -288,8 +295,10 @@ def _grad_sums_2d(z, dz, x, p, q, act, slope, floor, mode, span, partials):
         partials[1, cuda.blockIdx.y, c] = s2
 
 
-def _forward_2d(x, out, a, b, act, slope, span):
-    """``out = act(x * a[c] + b[c])``."""
+def _forward_2d(x, out, a, b, act, slope, span, skip):
+    """``out = act(x * a[c] + b[c])``; writes nothing if ``skip[0]`` is non-zero."""
+    if skip[0] != 0:
+        return
     c, m, end = _tile_start_2d(x.shape[0], span)
     if c < x.shape[1]:
         ac = a[c]
@@ -356,7 +365,7 @@ def _signatures(args, ndim):
 
 _MOMENTS = "{a}, int64, float64[:, ::1], float64[:, :, ::1]"
 _GRAD_SUMS = "{a}, {a}, {a}, {v}, {v}, int64, {t}, {t}, int64, int64, float64[:, :, ::1]"
-_FORWARD = "{a}, {a}, {v}, {v}, int64, {t}, int64"
+_FORWARD = "{a}, {a}, {v}, {v}, int64, {t}, int64, uint8[::1]"
 _GRAD_INPUT = "{a}, {a}, {a}, {v}, {v}, {m}, int64, {t}, {t}, int64, int64, {a}"
 
 #: ``(python kernel, signatures)`` of every kernel, the signatures being those launched.
@@ -457,18 +466,33 @@ def moments(x):
     return out
 
 
-def moments_forward(x, out, gamma, beta, eps, act, slope):
-    """``moments(x)`` then the normalized, activated ``out`` (3 launches; see ``cpu.py``)."""
-    return compose_moments_forward(sys.modules[__name__], x, out, gamma, beta, eps, act, slope)
+def moments_forward(x, out, gamma, beta, eps, act, slope, skip=None):
+    """``moments(x)`` then the normalized, activated ``out`` (3 launches; see ``cpu.py``).
+
+    ``skip``: as in :func:`forward` (the moments are computed either way).
+    """
+    return compose_moments_forward(sys.modules[__name__], x, out, gamma, beta, eps, act, slope,
+                                   skip=skip)
 
 
-def forward(x, out, a, b, act, slope):
-    """``out[.., c, ..] = act(x * a[c] + b[c])``; ``out`` may be ``x`` itself."""
+def forward(x, out, a, b, act, slope, skip=None):
+    """``out[.., c, ..] = act(x * a[c] + b[c])``; ``out`` may be ``x`` itself.
+
+    ``skip``: ``None`` or a ``(1,)`` bool tensor on ``x``'s device; where it holds ``True`` when
+    the kernel runs, nothing is written. The host never reads it (see :data:`DEVICE_GUARD`).
+    """
     if x.numel() == 0:
         return
     grid, block, span = _geometry(tuple(x.shape))
     kernel = _forward_3d if x.dim() == 3 else _forward_2d
-    _launch(kernel, grid, block, x.device, x, out, a, b, int(act), _scalar(x, slope), span)
+    skip = _never(x.device) if skip is None else skip.view(torch.uint8)
+    _launch(kernel, grid, block, x.device, x, out, a, b, int(act), _scalar(x, slope), span, skip)
+
+
+@functools.lru_cache(maxsize=None)
+def _never(device):
+    """A ``(1,)`` uint8 zero on ``device``: the ``skip`` of unguarded launches (only read)."""
+    return torch.zeros(1, dtype=torch.uint8, device=device)
 
 
 def backward_reduce(z, dz, x, p, q, act, slope, mode):
