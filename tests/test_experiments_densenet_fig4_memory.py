@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from experiments import densenet_fig4_memory as fig4
-from experiments import measure
+from experiments.measure import step as measure
 from experiments.records import point
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from experiments import densenet_fig5_time as fig5
-from experiments import measure
+from experiments.measure import step as measure
 from experiments.measure.timing import time_interleaved
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -457,6 +457,18 @@ def test_eval_every_leaves_cells_empty(tmp_path):
     assert rows[1].endswith(",,,") and not rows[2].endswith(",")
 
 
+def test_a_diverged_run_stops_and_keeps_its_last_good_checkpoint(tmp_path):
+    recipe = engine.Recipe(epochs=2, batch_size=4, lr=0.1, schedule="step")
+    model = W.net(False)
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("inf"))
+    with pytest.raises(FloatingPointError, match="epoch 1 is nan"):
+        engine.train(model=model, train_set=W.Images(8, 1), eval_sets={}, recipe=recipe,
+                     run_dir=tmp_path, metrics_csv=tmp_path / "m.csv", seed=0, workers=0,
+                     device="cpu", desc="diverge")
+    assert not (tmp_path / engine.CHECKPOINT_NAME).exists()
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(epochs=0), "Recipe.epochs"),
     (dict(schedule="exp"), "Recipe.schedule"),

@@ -323,6 +323,12 @@ def _train(ctx, *, model, train_set, eval_sets, recipe, run_dir, metrics_csv, se
         row = {"epoch": epoch + 1,
                **_train_epoch(ctx, net, optimizer, scheduler, criterion, train_set, per_rank,
                               epoch, recipe.epochs, steps, seed, workers, desc)}
+        if not math.isfinite(row["train_loss"]):
+            # Stop before a diverged model overwrites the last good checkpoint.
+            raise FloatingPointError(
+                f"{desc}: the training loss of epoch {epoch + 1} is {row['train_loss']} "
+                f"(diverged at lr {recipe.lr}); the checkpoint of epoch {epoch} in {run_dir} "
+                "is kept")
         if (epoch + 1) % eval_every == 0 or epoch + 1 == recipe.epochs:
             final = {}
             for name in eval_names:
