@@ -38,6 +38,16 @@ def model_arguments(frame):
     return [json.loads(text) for text in frame["model_args"]]
 
 
+def scale(frame):
+    """What a run trained, for the figures' titles: ``"90 epochs on 1,281,167 training
+    images"``, or the range of epochs where the points differ."""
+    _missing(frame, ["epochs", "train_images"])
+    epochs = sorted({int(e) for e in frame["epochs"].dropna()})
+    images = sorted({int(n) for n in frame["train_images"].dropna()})
+    span = str(epochs[0]) if len(epochs) == 1 else f"{epochs[0]}-{epochs[-1]}"
+    return f"{span} epochs on {', '.join(f'{n:,}' for n in images)} training images"
+
+
 def preact_errors(frame):
     """DenseNet Fig. 2 left: one row per data set and activation order, with the measured test
     error and the paper's."""
@@ -117,4 +127,4 @@ def parity(frame):
 
 
 __all__ = ["NETWORKS", "BATCHNORMS", "EVALUATIONS", "paper_table", "model_arguments",
-           "preact_errors", "imagenet_densenets", "row_key", "table1", "parity"]
+           "scale", "preact_errors", "imagenet_densenets", "row_key", "table1", "parity"]

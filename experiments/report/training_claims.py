@@ -29,11 +29,11 @@ def _at_setting(rows, epochs, model_args=None):
     ``model_args``, with those constructor arguments); ``(ok, why_not)``."""
     for row in rows.itertuples():
         if row.train_images != FULL_TRAIN_IMAGES[row.dataset]:
-            return False, (f"trained on {row.train_images} images of the generated "
+            return False, (f"trained on {int(row.train_images)} images of the generated "
                            f"{row.dataset}-format set (the paper: "
                            f"{FULL_TRAIN_IMAGES[row.dataset]})")
         if row.epochs != epochs:
-            return False, f"trained {row.epochs} epochs (the paper: {epochs})"
+            return False, f"trained {int(row.epochs)} epochs (the paper: {epochs})"
         args = json.loads(row.model_args)
         if model_args and any(args.get(k) != v for k, v in model_args.items()):
             return False, f"trained {row.model} with {args} (the paper: {model_args})"
@@ -150,10 +150,11 @@ def _trains_on_par(claim, frame):
     if table.empty:
         return Outcome("-", NOT_MEASURED, "the run has no parity point")
     measured = "; ".join(
-        f"{r.model}: {r.steps} float64 steps, loss {r.first_loss:.4f} -> {r.final_loss:.4f}; "
-        f"InPlace-ABN within rounding of STD-BN for {r.steps_within_rounding_inplace_abn} "
-        f"steps (largest relative difference {r.max_loss_rel_diff_inplace_abn:.1e}), the "
-        f"rounding control for {r.steps_within_rounding_control} "
+        f"{r.model}: {int(r.steps)} float64 steps, loss {r.first_loss:.4f} -> "
+        f"{r.final_loss:.4f}; InPlace-ABN within rounding of STD-BN for "
+        f"{int(r.steps_within_rounding_inplace_abn)} steps (largest relative difference "
+        f"{r.max_loss_rel_diff_inplace_abn:.1e}), the rounding control for "
+        f"{int(r.steps_within_rounding_control)} "
         f"({r.max_loss_rel_diff_control:.1e})" for r in table.itertuples())
     if (table["steps"] < PARITY_MIN_STEPS).any():
         return Outcome(measured, NOT_MEASURED, f"fewer than {PARITY_MIN_STEPS} steps")
