@@ -29,7 +29,6 @@ from pathlib import Path
 from .records import point as record
 from .train import parity, point
 from .train.data import imagenet, loaders, transforms
-from .train.models import BUILDERS
 
 EXPERIMENT = "iabn_table1_imagenet"
 PARITY = "parity"
@@ -41,9 +40,7 @@ def parse_parity_args(argv):
                       timed=False)
     p.set_defaults(dtype="float64")
     p.add_argument("--data", type=Path, required=True, help="ImageNet-layout root (train/)")
-    p.add_argument("--model", choices=sorted(BUILDERS), required=True)
-    p.add_argument("--model-arg", dest="model_args", action="append",
-                   type=point.key_value, default=[], metavar="KEY=VALUE")
+    point.add_model_options(p)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--resize", type=int, default=256)

@@ -85,15 +85,16 @@ def row_key(point):
 
 
 def table1(frame):
-    """InPlace-ABN Table 1 left in the paper's layout: one row per trained network (network,
-    batch norm, the paper's batch and the batch trained), top-1 / top-5 accuracy per
+    """InPlace-ABN Table 1 left in the paper's layout: one row per trained network (its point,
+    network, batch norm, the paper's batch and the batch trained), top-1 / top-5 accuracy per
     evaluation; the paper's numbers beside, as ``paper_<column>``."""
     rows = frame[frame["point"].map(lambda p: not p.startswith("parity"))]
     _missing(rows, ["point", "eval", "top1_error_pct", "top5_error_pct", "batch", "params"])
     records = []
     for point, group in rows.groupby("point", sort=False):
         model, norm, paper_batch = row_key(point)
-        record = {"network": NETWORKS.get(model, model), "batchnorm": BATCHNORMS[norm],
+        record = {"point": point, "network": NETWORKS.get(model, model),
+                  "batchnorm": BATCHNORMS[norm],
                   "paper_batch": paper_batch, "batch": int(group["batch"].iloc[0]),
                   "ranks": int(group["world_size"].iloc[0]),
                   "params_m": group["params"].iloc[0] / 1e6}

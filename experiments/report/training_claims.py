@@ -87,14 +87,9 @@ def _densenet_imagenet_top1(claim, frame):
 
 def _table1_row(frame, point):
     """The Table 1 row of ``point`` (accuracies per evaluation), or ``None``."""
-    table = training.table1(frame[frame["point"].map(lambda p: not p.startswith("parity"))])
-    keys = [training.row_key(p) for p in frame["point"].unique() if not p.startswith("parity")]
-    model, norm, batch = training.row_key(point)
-    if (model, norm, batch) not in keys:
-        return None
-    return table[(table["network"] == training.NETWORKS[model])
-                 & (table["batchnorm"] == training.BATCHNORMS[norm])
-                 & (table["paper_batch"] == batch)].iloc[0]
+    table = training.table1(frame)
+    rows = table[table["point"] == point]
+    return None if rows.empty else rows.iloc[0]
 
 
 def _accuracies(row, value):

@@ -8,6 +8,8 @@ section's `defaults` updated by the point's entry (experiments/train/plan.py); i
 the point JSON, the per-epoch CSV and the trained weights; an unfinished point's checkpoint
 (artifacts/checkpoints/...) is not an output, so a killed job resumes when it is run again.
 """
+import shlex
+
 from experiments.train import plan
 
 DATASETS = config["datasets"]
@@ -56,19 +58,10 @@ TRAINING = {experiment: {name: {**spec, "device": DEVICE}
                                "iabn_table1_imagenet")}
 PARITY = config["iabn_table1_imagenet"]["parity"]
 
-EXPERIMENTS["densenet_fig2_preact"] = {
-    "points": list(TRAINING["densenet_fig2_preact"]),
-    "notebooks": ["densenet_fig2_preact"],
-}
-EXPERIMENTS["densenet_fig6_imagenet"] = {
-    "points": list(TRAINING["densenet_fig6_imagenet"]),
-    "notebooks": ["densenet_fig6_imagenet"],
-}
-EXPERIMENTS["iabn_table1_imagenet"] = {
-    "points": list(TRAINING["iabn_table1_imagenet"])
-    + [f"parity_{model}" for model in PARITY["models"]],
-    "notebooks": ["iabn_table1_imagenet"],
-}
+# Each training experiment has one notebook of its own name; Table 1 adds its parity points.
+for _experiment, _points in TRAINING.items():
+    EXPERIMENTS[_experiment] = {"points": list(_points), "notebooks": [_experiment]}
+EXPERIMENTS["iabn_table1_imagenet"]["points"] += [f"parity_{model}" for model in PARITY["models"]]
 
 
 def training_outputs(experiment, point):
@@ -132,9 +125,8 @@ rule iabn_table1_imagenet_parity:
     params:
         cfg=PARITY,
         root=dataset_root("imagenet"),
-        model_args=lambda wildcards: " ".join(
-            f"--model-arg {key}={str(value).lower() if isinstance(value, bool) else value}"
-            for key, value in PARITY["models"][wildcards.model].items()),
+        model_args=lambda wildcards: shlex.join(
+            plan.model_arg_options(PARITY["models"][wildcards.model])),
     shell:
         "python -m experiments.iabn_table1_imagenet parity --data {params.root}"
         " --model {wildcards.model} {params.model_args} --steps {params.cfg[steps]}"

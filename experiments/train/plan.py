@@ -25,6 +25,12 @@ def _value(value):
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
+def model_arg_options(model_args):
+    """``["--model-arg", "key=value", ...]`` of a mapping of constructor arguments."""
+    return [word for key, value in model_args.items()
+            for word in ("--model-arg", f"{key}={_value(value)}")]
+
+
 def launcher(nproc):
     """``python -m`` for one process, ``torchrun --standalone --nproc-per-node N -m`` else."""
     if nproc == 1:
@@ -39,8 +45,7 @@ def arguments(spec, data_root):
             "--lr", spec["lr"], "--schedule", spec["schedule"], "--workers", spec["workers"],
             "--seed", spec["seed"], "--device", spec["device"], "--dtype", spec["dtype"],
             "--threads", spec["threads"]]
-    for key, value in spec["model_args"].items():
-        args += ["--model-arg", f"{key}={_value(value)}"]
+    args += model_arg_options(spec["model_args"])
     for key, value in spec.get("schedule_args", {}).items():
         args += ["--schedule-arg", f"{key}={_value(value)}"]
     if spec["dataset"] == "imagenet":
@@ -60,4 +65,4 @@ def command(experiment, spec, data_root, outputs):
     return shlex.join(words)
 
 
-__all__ = ["point_specs", "launcher", "arguments", "command"]
+__all__ = ["point_specs", "model_arg_options", "launcher", "arguments", "command"]

@@ -58,6 +58,18 @@ def _evaluation(text):
     return name, parts[0], int(parts[1]), int(parts[2])
 
 
+def add_model_options(p, model=None):
+    """``--model`` (default ``model``, required if ``None``) and ``--model-arg`` in a "model"
+    group of ``p``; returns the group."""
+    net = p.add_argument_group("model")
+    net.add_argument("--model", choices=sorted(BUILDERS), required=model is None, default=model)
+    net.add_argument("--model-arg", dest="model_args", action="append", type=key_value,
+                     default=[], metavar="KEY=VALUE",
+                     help="keyword argument of the model's constructor (repeatable), e.g. "
+                          "growth_rate=48, width=0.0625, preact=false, impl=shared")
+    return net
+
+
 def parser(experiment, description, *, model=None, datasets=DATASETS):
     """The training point's argument parser; ``model`` fixes the default ``--model``."""
     p = point.parser(experiment, description, timed=False)
@@ -77,12 +89,7 @@ def parser(experiment, description, *, model=None, datasets=DATASETS):
                       help="ImageNet evaluations (repeatable; default: Table 1's "
                            "center224=center:256:224 crops10_224=ten_crop:256:224 "
                            "center320=center:320:320)")
-    net = p.add_argument_group("model")
-    net.add_argument("--model", choices=sorted(BUILDERS), required=model is None, default=model)
-    net.add_argument("--model-arg", dest="model_args", action="append", type=key_value,
-                     default=[], metavar="KEY=VALUE",
-                     help="keyword argument of the model's constructor (repeatable), e.g. "
-                          "growth_rate=48, width=0.0625, preact=false, impl=shared")
+    net = add_model_options(p, model)
     net.add_argument("--norm", choices=NORMS, default="bn")
     recipe = p.add_argument_group("recipe")
     recipe.add_argument("--epochs", type=int, required=True)
@@ -211,5 +218,5 @@ def main(experiment, description, argv=None, **parser_options):
     run(args, experiment)
 
 
-__all__ = ["DATASETS", "NORMS", "SCHEDULES", "key_value", "parser", "check", "datasets", "recipe",
+__all__ = ["DATASETS", "NORMS", "SCHEDULES", "key_value", "add_model_options", "parser", "check", "datasets", "recipe",
            "configuration", "evaluations", "run", "main"]
