@@ -315,11 +315,11 @@ rule iabn_table2_capacity_point:
 
 
 # --------------------------------------------------------------------------- generic rules
-# Light jobs that read artifacts/ only: on a cluster they run where snakemake runs, not as
-# cluster jobs (the measuring and training rules take cluster_resources).
 include: "experiments/rules/training.smk"
 
 
+# Light jobs that read artifacts/ only: on a cluster they run where snakemake runs, not as
+# cluster jobs (the measuring and training rules take cluster_resources).
 localrules: all, aggregate, render, claims
 
 
