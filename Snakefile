@@ -16,9 +16,10 @@ papers' other experiments "not implemented"):
     iabn_table1_imagenet       InPlace-ABN Table 1 left: ImageNet top-1/top-5, STD-BN vs InPlace-ABN
     iabn_table1_timing         InPlace-ABN Table 1 right: BN+ACT+CONV time and memory
     iabn_table2_capacity       InPlace-ABN Table 2 brackets: crops / crop size in a budget
+    iabn_table2_segmentation   InPlace-ABN Table 2: DeepLabV3 mIoU, Cityscapes/COCO-Stuff/Vistas
 
 The training experiments (and the data sets the smoke profile generates for them) are in
-experiments/rules/training.smk.
+experiments/rules/training.smk, the segmentation training in experiments/rules/segmentation.smk.
 
 The profile is experiments/config/<profile>.yaml (`--config profile=...`, default smoke); a
 `--configfile` or `--config` merges over it. The merged configuration is validated against
@@ -316,6 +317,7 @@ rule iabn_table2_capacity_point:
 
 # --------------------------------------------------------------------------- generic rules
 include: "experiments/rules/training.smk"
+include: "experiments/rules/segmentation.smk"
 
 
 # Light jobs that read artifacts/ only: on a cluster they run where snakemake runs, not as

@@ -96,6 +96,31 @@ class DeepLabV3(nn.Module):
         init_weights(self.aspp)
         init_weights(self.classifier)
 
+    def load_body(self, state_dict, classifier_prefix="fc."):
+        """Initialise the body from an ImageNet classification network's ``state_dict`` (the
+        paper's bodies are "solely trained on ImageNet-1k"): every tensor of the body must be
+        there with its shape; the classifier's (keys starting ``classifier_prefix``) are
+        dropped; anything else is an error, e.g. a checkpoint of another layout or width.
+        The output stride does not matter (dilation changes no parameter)."""
+        body_keys = set(self.body.state_dict())
+        foreign = sorted(k for k in state_dict
+                         if k not in body_keys and not k.startswith(classifier_prefix))
+        if foreign:
+            raise ValueError(f"state_dict: {len(foreign)} tensors belong to no part of the "
+                             f"{type(self.body).__name__} body (first: {foreign[:3]}); is it "
+                             "a checkpoint of another network, layout or width?")
+        missing = sorted(body_keys - set(state_dict))
+        if missing:
+            raise ValueError(f"state_dict: lacks {len(missing)} tensors of the "
+                             f"{type(self.body).__name__} body (first: {missing[:3]})")
+        own = self.body.state_dict()
+        wrong = [f"{k}: {tuple(state_dict[k].shape)} vs {tuple(own[k].shape)}"
+                 for k in sorted(body_keys) if state_dict[k].shape != own[k].shape]
+        if wrong:
+            raise ValueError(f"state_dict: {len(wrong)} tensors have another shape than the "
+                             f"body's (first: {wrong[:3]}); another width?")
+        self.body.load_state_dict({k: state_dict[k] for k in body_keys})
+
     def forward(self, x):
         logits = self.classifier(self.aspp(self.body(x)))
         return F.interpolate(logits, size=x.shape[-2:], mode="bilinear", align_corners=False)

@@ -76,6 +76,11 @@ def check_activation(activation, activation_param, inplace):
             f"activation_param={param} for leaky_relu is not invertible in place: "
             "the slope must be > 0"
         )
+    if activation == "leaky_relu" and not param >= 0:
+        # The backward kernels tell the branch from the output's sign, which a negative slope
+        # flips for negative inputs.
+        raise ValueError(f"activation_param={activation_param} for leaky_relu: the slope must "
+                         "be >= 0")
     if activation == "elu" and not param > 0:
         raise ValueError(f"activation_param={param} for elu: alpha must be > 0")
     return code, param

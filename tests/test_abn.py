@@ -391,6 +391,8 @@ def non_leaf(shape=(2, 3, 4), dtype=torch.float32):
     (lambda: layers.InPlaceABN(3, activation="relu"), None, "relu is not invertible"),
     (lambda: layers.InPlaceABN(3, activation="leaky_relu", activation_param=0.0), None,
      "slope must be > 0"),
+    (lambda: layers.ABN(3, activation="leaky_relu", activation_param=-0.5), None,
+     "slope must be >= 0"),
     (lambda: layers.InPlaceABN(3, activation="tanh"), None, "activation='tanh'"),
     (lambda: layers.InPlaceABN(3, variant="III"), None, "variant='III'"),
     (lambda: layers.ABN(3, scale_mode="weird"), None, "scale_mode='weird'"),

@@ -9,7 +9,7 @@ import pytest
 
 from experiments.report import aggregate, render
 from experiments.records import paths
-from experiments.train.data import generate_cifar, generate_imagenet
+from experiments.train.data import generate_cifar, generate_cityscapes, generate_imagenet
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "test-cpu"
@@ -67,6 +67,18 @@ TINY_TRAINING = {
         "parity_resnext101": ["parity", "--data", "{data}/imagenet", "--model", "resnext101",
                               "--model-arg", "width=0.03125", "--steps", "3", "--batch", "4",
                               "--resize", "20", "--crop", "16"]},
+    # Two Table 2 top cells (a bracket) and a bottom row with the 5 scales + flipping
+    # evaluation, from scratch at 1/32 width on a generated Cityscapes set.
+    "iabn_table2_segmentation": {
+        point: ["--dataset", "cityscapes", "--data", "{data}/cityscapes", "--body", body,
+                "--model-arg", "width=0.03125", "--norm", norm, "--crops", "2", "--crop", crop,
+                "--epochs", "2", *extra]
+        for point, body, norm, crop, extra in (
+            ("resnext101_cityscapes_bn_fixed_crop", "resnext101", "bn", "32", []),
+            ("resnext101_cityscapes_iabn_fixed_batch", "resnext101", "iabn", "48", []),
+            ("bottom_cityscapes_cus", "wideresnet38", "iabn_sync", "32",
+             ["--class-uniform", "--eval", "single=1:noflip", "--eval",
+              "ms_flip=1,1.25,1.5,1.75,2:flip"]))},
 }
 
 
@@ -91,6 +103,7 @@ def artifact_set(tmp_path_factory):
     data = tmp_path_factory.mktemp("data")
     generate_cifar(data / "cifar10", "cifar10", train_per_class=4, test_per_class=2)
     generate_imagenet(data / "imagenet", classes=4, train_per_class=4, val_per_class=2)
+    generate_cityscapes(data / "cityscapes", train_images=4, val_images=2, size=(64, 32))
     shutil.copytree(ROOT / "artifacts" / "paper", root / "paper")
     jobs = []
     for experiment, points in {**TINY_POINTS, **TINY_TRAINING}.items():

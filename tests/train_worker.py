@@ -1,12 +1,14 @@
 """Worker processes of ``tests/test_train_engine.py``, and the tiny runs both sides share.
 
-Two modes:
+Three modes:
 
 * ``python -m torch.distributed.run --nproc-per-node 2 ... train_worker.py ddp OUT_DIR``: each
   rank trains :func:`ddp_model` on :func:`ddp_data` with :data:`DDP_RECIPE` through
   ``engine.train`` (which joins the gloo group from torchrun's environment) and saves its final
   state dict and the engine's report to ``OUT_DIR/rank{RANK}.pt``; the test compares them with
   one process on the whole batch.
+* ``... train_worker.py seg_ddp OUT_DIR``: the same for :func:`seg_ddp_run`, a DeepLabV3
+  segmentation run with InPlace-ABN sync and the bootstrapped loss.
 * ``python train_worker.py resume RUN_DIR [HANG_AT MARKER]``: one process trains
   :func:`resume_run`; with ``HANG_AT`` the loss writes ``MARKER`` at its ``HANG_AT``-th call and
   sleeps, so that the test can kill the process by a signal mid-epoch, then run it again
@@ -138,6 +140,43 @@ def ddp_run(run_dir):
     return model, report
 
 
+class Scenes(Dataset):
+    """Seeded float64 ``(3, 16, 16)`` images and ``(16, 16)`` label maps of 3 classes, no void
+    pixels (so every crop bootstraps the same number of pixels)."""
+
+    def __init__(self, n, seed):
+        g = torch.Generator().manual_seed(seed)
+        self.labels = torch.randint(0, 3, (n, 4, 4), generator=g).repeat_interleave(
+            4, 1).repeat_interleave(4, 2)
+        self.images = (torch.randn(n, 3, 16, 16, generator=g, dtype=DTYPE)
+                       + self.labels.unsqueeze(1).to(DTYPE))
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return self.images[i], self.labels[i]
+
+
+def seg_ddp_run(run_dir):
+    """DeepLabV3 (ResNeXt-101 body at 1/16 width, InPlace-ABN sync) trained for 2 steps of
+    the whole 4-crop batch with the bootstrapped loss, evaluated by mIoU."""
+    from experiments.train.seg_point import SegmentationEvaluator
+    from experiments.train.segmentation import OnlineBootstrappedCrossEntropy
+    from layers.deeplab import deeplabv3
+    torch.manual_seed(0)
+    model = deeplabv3("resnext101", num_classes=3, norm="iabn_sync", width=0.0625,
+                      preact=True).to(DTYPE)
+    recipe = engine.Recipe(epochs=2, batch_size=4, lr=0.05, schedule="poly", nesterov=False)
+    evaluation = engine.EvalSet(Scenes(6, seed=2), evaluate=SegmentationEvaluator(3),
+                                metrics=("miou", "pixel_accuracy"), batch_size=1)
+    report = engine.train(model=model, train_set=Scenes(4, seed=1), eval_sets={"val": evaluation},
+                          recipe=recipe, run_dir=run_dir, metrics_csv=run_dir / "metrics.csv",
+                          seed=5, workers=0, device="cpu", desc="seg ddp",
+                          criterion=OnlineBootstrappedCrossEntropy())
+    return model, report
+
+
 def resume_run(run_dir, criterion=None, workers=0, recipe=RESUME_RECIPE, width=8):
     """The run the resume tests interrupt: 32 augmented images, 2 epochs of 4 steps."""
     model = net(dropout=True, width=width)
@@ -155,6 +194,10 @@ def main(argv):
     if mode == "ddp":
         rank = int(os.environ["RANK"])
         model, report = ddp_run(directory / "run")
+        torch.save({"state": model.state_dict(), "report": report}, directory / f"rank{rank}.pt")
+    elif mode == "seg_ddp":
+        rank = int(os.environ["RANK"])
+        model, report = seg_ddp_run(directory / "run")
         torch.save({"state": model.state_dict(), "report": report}, directory / f"rank{rank}.pt")
     elif mode == "resume":
         criterion = TrapLoss(int(argv[2]), argv[3]) if len(argv) > 2 else TrapLoss()

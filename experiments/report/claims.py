@@ -19,7 +19,8 @@ measured, a verdict and its reason. Verdicts:
   and a rule), see :func:`implemented`.
 
 Adding an experiment's claims: add the entries to the paper's YAML and one evaluator per claim
-here (the training experiments': in :mod:`.training_claims`), registered with
+here (the training experiments': in :mod:`.training_claims`, InPlace-ABN Table 2's in
+:mod:`.segmentation_claims`), registered with
 :func:`.verdicts.evaluates`. A claim whose experiment has results but no evaluator is an error, not a silent gap.
 """
 import argparse
@@ -28,7 +29,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from . import analysis, training_claims  # noqa: F401  (training_claims registers evaluators)
+from . import analysis, segmentation_claims, training_claims  # noqa: F401  (register evaluators)
 from .verdicts import (EVALUATORS, NOT_IMPLEMENTED, NOT_MEASURABLE, NOT_MEASURED, NOT_REPRODUCED,
                        NOT_RUN, REPRODUCED, Outcome, evaluates, verdict)
 from ..records import paths

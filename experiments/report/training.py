@@ -1,6 +1,7 @@
 """Tables of the training experiments, shared by their notebooks and the claims report:
 DenseNet Fig. 2 left (:func:`preact_errors`), Fig. 6 (:func:`imagenet_densenets`), InPlace-ABN
-Table 1 left (:func:`table1`) and the STD-BN / InPlace-ABN parity check (:func:`parity`).
+Table 1 left (:func:`table1`), the STD-BN / InPlace-ABN parity check (:func:`parity`) and
+InPlace-ABN Table 2 (:func:`table2`, :func:`table2_layout`, :func:`table2_bottom`).
 
 Each takes a run's aggregated CSV (one row per point and evaluation) and returns a
 :class:`pandas.DataFrame`. Errors are in percent; Table 1 reports accuracies (100 - error), as
@@ -19,6 +20,9 @@ NETWORKS = {"resnext101": "ResNeXt-101", "resnext152": "ResNeXt-152",
 BATCHNORMS = {"bn": "STD-BN", "iabn": "INPLACE-ABN", "iabn_sync": "INPLACE-ABN sync"}
 #: Table 1's evaluations, in its column order.
 EVALUATIONS = ("center224", "crops10_224", "center320")
+#: Table 2's data sets, as the paper writes them.
+SEG_DATASETS = {"cityscapes": "Cityscapes", "cocostuff": "COCO-Stuff",
+                "vistas": "Mapillary Vistas"}
 
 
 def _missing(frame, columns):
@@ -46,6 +50,19 @@ def scale(frame):
     images = sorted({int(n) for n in frame["train_images"].dropna()})
     span = str(epochs[0]) if len(epochs) == 1 else f"{epochs[0]}-{epochs[-1]}"
     return f"{span} epochs on {', '.join(f'{n:,}' for n in images)} training images"
+
+
+def segmentation_scale(frame):
+    """What a segmentation run trained, per data set, for the figures' titles:
+    ``"Cityscapes: 8 epochs on 12 training images; COCO-Stuff: ...; body width 0.0625"``
+    (``full-width bodies`` when no point narrowed its body)."""
+    _missing(frame, ["dataset", "epochs", "train_images", "model_args"])
+    parts = [f"{SEG_DATASETS.get(d, d)}: {scale(rows)}"
+             for d, rows in frame.groupby("dataset", sort=False)]
+    widths = sorted({float(a.get("width", 1.0)) for a in model_arguments(frame)})
+    parts.append("full-width bodies" if widths == [1.0] else
+                 f"body width {', '.join(f'{w:g}' for w in widths)}")
+    return "; ".join(parts)
 
 
 def preact_errors(frame):
@@ -127,5 +144,135 @@ def parity(frame):
     return table.reset_index()[["model", "steps", "first_loss", "final_loss", *columns[3:]]]
 
 
-__all__ = ["NETWORKS", "BATCHNORMS", "EVALUATIONS", "paper_table", "model_arguments",
-           "scale", "preact_errors", "imagenet_densenets", "row_key", "table1", "parity"]
+def compilation(crops, crop_size, increase_pct=None, times=" x ", square="^2"):
+    """A Table 2 batch compilation as the paper prints it: ``"28 x 512^2 [+75%]"`` (no bracket
+    where ``increase_pct`` is ``None`` or NaN, or rounds to 0, as on the paper's STD-BN row;
+    ``""`` without crops). The notebook passes ``times=" × ", square="²"``."""
+    if crops is None or pd.isna(crops):
+        return ""
+    text = f"{int(crops)}{times}{int(crop_size)}{square}"
+    if increase_pct is None or pd.isna(increase_pct) or round(increase_pct) == 0:
+        return text
+    return f"{text} [{increase_pct:+.0f}%]"
+
+
+def table2(frame, evaluation="single"):
+    """InPlace-ABN Table 2 (top), one row per (batch compilation, body, data set) the run
+    trained: :func:`experiments.iabn_table2_segmentation.table2` (``crops`` over all devices,
+    ``crop_size``, ``increase_pct`` the bracket, ``miou_pct``) with the paper's labels
+    (``network``, ``data``) and the paper's numbers beside (``paper_crops``,
+    ``paper_crop_size``, ``paper_increase_pct``, ``paper_miou_pct``)."""
+    from ..iabn_table2_segmentation import table2 as measured  # imports torch (seg_point)
+
+    table = measured(frame, evaluation).assign(
+        network=lambda t: t["body"].map(lambda b: NETWORKS.get(b, b)),
+        data=lambda t: t["dataset"].map(lambda d: SEG_DATASETS.get(d, d)))
+    paper = paper_table("iabn_table2_segmentation").rename(columns={
+        "body": "network", "dataset": "data", "crops": "paper_crops",
+        "crop_size": "paper_crop_size", "data_increase_pct": "paper_increase_pct",
+        "miou_pct": "paper_miou_pct"}).drop(columns=["source"])
+    return table.merge(paper, on=["network", "batchnorm", "data"], how="left")
+
+
+#: The network of Table 2 (bottom)'s rows.
+BOTTOM_NETWORK = "WideResNet-38"
+
+
+def _cell_columns(record, key, ours, theirs):
+    """Set ``key``'s four columns of a Table 2 layout row: the run's batch compilation and
+    mIoU, the paper's (``(crops, crop_size, increase_pct, miou_pct)`` tuples or ``None``)."""
+    for prefix, cell in ((key, ours), (f"{key} paper", theirs)):
+        record[prefix] = "" if cell is None else compilation(*cell[:3], " × ", "²")
+        record[f"{prefix} mIoU"] = float("nan") if cell is None else cell[3]
+
+
+def table2_layout(table, bottom=None):
+    """:func:`table2` in the paper's layout: one row per batch compilation (the paper's order
+    and labels, column ``BATCHNORM``), and per body and data set of the paper's table the run's
+    batch compilation (``"16 × 512² [+75%]"``) and mIoU, then the paper's (``... paper``
+    columns); empty where the run or the paper lacks the cell. Given ``bottom``
+    (:func:`table2_bottom`), its rows follow, their numbers in the WideResNet-38 columns of
+    their data set (Mapillary Vistas' added), test-set rows marked as such."""
+    from ..iabn_table2_segmentation import ROWS  # imports torch (seg_point)
+
+    paper = paper_table("iabn_table2_segmentation")
+    cells = table.set_index(["batchnorm", "network", "data"])
+    theirs = paper.set_index(["batchnorm", "body", "dataset"])
+    groups = list(dict.fromkeys(zip(paper["body"], paper["dataset"])))
+    if bottom is not None:
+        groups += [(BOTTOM_NETWORK, d) for d in dict.fromkeys(bottom["data"])
+                   if (BOTTOM_NETWORK, d) not in groups]
+    records = []
+    for label in ROWS.values():
+        record = {"BATCHNORM": label}
+        for network, data in groups:
+            key = (label, network, data)
+            ours = (tuple(cells.loc[key, ["crops", "crop_size", "increase_pct", "miou_pct"]])
+                    if key in cells.index else None)
+            paper_cell = (tuple(theirs.loc[key, ["crops", "crop_size", "data_increase_pct",
+                                                 "miou_pct"]])
+                          if key in theirs.index else None)
+            _cell_columns(record, f"{network} {data}", ours, paper_cell)
+        records.append(record)
+    for row in ([] if bottom is None else bottom.itertuples()):
+        test = " (test set: benchmark server, not run)" if row.split == "test" else ""
+        record = {"BATCHNORM": f"{row.row}{test}"}
+        for network, data in groups:
+            here = (network, data) == (BOTTOM_NETWORK, row.data)
+            ours = ((row.crops, row.crop_size, None, row.miou_pct)
+                    if here and not pd.isna(row.crops) else None)
+            paper_cell = ((row.paper_crops, row.paper_crop_size, None, row.paper_miou_pct)
+                          if here and not pd.isna(row.paper_crops) else None)
+            _cell_columns(record, f"{network} {data}", ours, paper_cell)
+        records.append(record)
+    return pd.DataFrame(records)
+
+
+def table2_bottom(frame):
+    """InPlace-ABN Table 2 (bottom): each of the paper's rows with the run's numbers beside,
+    and each evaluation the run made of its bottom points (``bottom_*``; e.g. the test rows'
+    5 scales + flipping, on the validation set) below its point's row. Columns: ``row`` (the
+    paper's label, or the run's evaluation), ``data``, ``point``, ``eval``, ``split``, ``scales``,
+    ``flip``, ``class_uniform``, ``crops`` (over all devices), ``crop_size``, ``miou_pct`` and
+    ``paper_crops``, ``paper_crop_size``, ``paper_miou_pct``; the test-set rows have no point
+    (the benchmark servers score them)."""
+    _missing(frame, ["point", "eval", "dataset", "scales", "flip", "class_uniform", "crops",
+                     "crop_size", "miou_pct"])
+    paper = paper_table("iabn_table2_segmentation_bottom")
+    ours = frame[frame["point"].str.startswith("bottom_")]
+    records = []
+    for rank, theirs in enumerate(paper.itertuples()):
+        records.append({"order": (rank, 0), "row": theirs.row, "data": theirs.dataset,
+                        "point": theirs.point,
+                        "eval": theirs.eval, "split": theirs.split, "scales": theirs.scales,
+                        "flip": theirs.flip, "class_uniform": theirs.class_uniform,
+                        "paper_crops": theirs.crops, "paper_crop_size": theirs.crop_size,
+                        "paper_miou_pct": theirs.miou_pct})
+    rank_of = {r["point"]: r["order"][0] for r in records if isinstance(r["point"], str)}
+    for row in ours.itertuples():
+        measured = {"crops": row.crops, "crop_size": row.crop_size, "miou_pct": row.miou_pct}
+        match = next((r for r in records if (r["point"], r["eval"]) == (row.point, row.eval)),
+                     None)
+        if match is not None:
+            match.update(measured)
+            continue
+        flip = " + horizontal flipping" if row.flip else ""
+        uniform = " + CLASS-UNIFORM SAMPLING" if row.class_uniform else ""
+        records.append({
+            "order": (rank_of.get(row.point, len(paper)), 1),
+            "row": (f"{SEG_DATASETS.get(row.dataset, row.dataset)} val (scales "
+                    f"{row.scales}{flip}){uniform}"),
+            "data": SEG_DATASETS.get(row.dataset, row.dataset), "point": row.point,
+            "eval": row.eval, "split": "val", "scales": str(row.scales),
+            "flip": bool(row.flip), "class_uniform": bool(row.class_uniform), **measured})
+    table = pd.DataFrame(records).sort_values("order", kind="stable")
+    columns = ["row", "data", "point", "eval", "split", "scales", "flip", "class_uniform",
+               "crops", "crop_size", "miou_pct", "paper_crops", "paper_crop_size",
+               "paper_miou_pct"]
+    return table.reindex(columns=columns).reset_index(drop=True)
+
+
+__all__ = ["NETWORKS", "BATCHNORMS", "EVALUATIONS", "SEG_DATASETS", "paper_table",
+           "model_arguments", "scale", "segmentation_scale", "preact_errors",
+           "imagenet_densenets", "row_key", "table1", "parity", "BOTTOM_NETWORK", "compilation",
+           "table2", "table2_layout", "table2_bottom"]

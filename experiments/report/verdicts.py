@@ -2,7 +2,8 @@
 
 An evaluator is a function ``fn(claim, frame) -> Outcome`` for one claim id, registered with
 :func:`evaluates`; :mod:`experiments.report.claims` (the measurement experiments' evaluators and
-the report) and :mod:`experiments.report.training_claims` (the training experiments') both
+the report), :mod:`experiments.report.training_claims` (the classification training
+experiments') and :mod:`experiments.report.segmentation_claims` (InPlace-ABN Table 2's) all
 register here, so the report finds every evaluator however it is started.
 """
 import dataclasses

@@ -31,7 +31,8 @@ for _name, _spec in DATASETS.items():
 
     rule:
         """A small, learnable data set in the released on-disk format (CIFAR python batches,
-        an ImageNet ImageFolder tree of JPEGs), written whole or not at all."""
+        an ImageNet ImageFolder tree of JPEGs, Cityscapes, COCO-Stuff and Vistas trees),
+        written whole or not at all."""
         name:
             f"generate_{_name}"
         input:
@@ -41,15 +42,9 @@ for _name, _spec in DATASETS.items():
         log:
             f"artifacts/logs/data/{_name}.log",
         params:
-            dataset=_name,
-            spec=_spec["generate"],
-            classes=f"--classes {_spec['generate']['classes']}" if "classes" in _spec["generate"]
-            else "",
+            command=plan.generate_command(_name, _spec["generate"], _spec["root"]),
         shell:
-            "python -m experiments.train.data.generate {params.dataset} --out {output}"
-            " --train-per-class {params.spec[train_per_class]}"
-            " --test-per-class {params.spec[test_per_class]} {params.classes}"
-            " --seed {params.spec[seed]} > {log} 2>&1"
+            "{params.command} > {log} 2>&1"
 
 
 TRAINING = {experiment: {name: {**spec, "device": DEVICE}

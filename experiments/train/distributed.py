@@ -155,6 +155,23 @@ def all_reduce(values, op="sum", device="cpu"):
     return tensor.cpu().tolist()
 
 
+def all_reduce_tensor(tensor, op="sum"):
+    """A new tensor: ``tensor`` reduced element-wise over the ranks (``op`` ``"sum"`` or
+    ``"max"``) in its own dtype, so integer (int64) sums are exact; a copy of ``tensor`` in one
+    process. The result is on ``tensor``'s device; under NCCL a CPU tensor goes through the
+    current CUDA device and back."""
+    if op not in ("sum", "max"):
+        raise ValueError(f"op={op!r}: expected 'sum' or 'max'")
+    out = tensor.detach().clone()
+    if not active():
+        return out
+    work = out
+    if dist.get_backend() == "nccl" and out.device.type != "cuda":
+        work = out.to(torch.device("cuda", torch.cuda.current_device()))
+    dist.all_reduce(work, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return work.to(tensor.device)
+
+
 def all_gather_object(obj):
     """Every rank's ``obj`` in rank order (``[obj]`` in one process)."""
     if not active():
@@ -174,5 +191,5 @@ def broadcast_object(obj):
 
 
 __all__ = ["Context", "IndivisibleBatchError", "TIMEOUT", "active", "all_gather_object",
-           "all_reduce", "barrier", "broadcast_object", "init", "is_main", "per_rank_batch",
-           "teardown", "world_size"]
+           "all_reduce", "all_reduce_tensor", "barrier", "broadcast_object", "init", "is_main",
+           "per_rank_batch", "teardown", "world_size"]

@@ -38,8 +38,10 @@ iteration), ``train_loss`` and ``train_top1_error`` (over the epoch's training b
 ranks), ``images_per_s`` (all ranks' training images over the epoch's training wall time),
 ``peak_memory_bytes`` (CUDA: ``max_memory_allocated`` during the epoch, maximum over ranks;
 CPU: the process's peak resident set size since it started, ``getrusage``, maximum over ranks),
-``epoch_time_s`` (training and evaluation), and per evaluation set ``<name>_top1_error``,
-``<name>_top5_error``, ``<name>_loss`` (empty in epochs without evaluation).
+``epoch_time_s`` (training and evaluation), and per evaluation set ``<name>_<metric>`` for
+each of its metrics (classification: ``top1_error``, ``top5_error``, ``loss``; segmentation:
+``miou``, ``pixel_accuracy``), empty in epochs without evaluation. ``train_top1_error`` is
+empty when the outputs are not ``(N, classes)`` logits (segmentation).
 """
 import csv
 import dataclasses
@@ -110,19 +112,58 @@ class Recipe:
         schedules.make_schedule(self.schedule, self.lr, self.epochs, 1, **self.schedule_params)
 
 
+#: The metrics of the default (classification) evaluation, as :func:`.metrics.evaluate` names
+#: them.
+CLASSIFICATION_METRICS = ("top1_error", "top5_error", "loss")
+
+
 @dataclass(frozen=True)
 class EvalSet:
-    """A data set to evaluate on; ten-crop data sets yield ``(10, C, H, W)`` samples."""
+    """A data set to evaluate on, and how.
+
+    By default a classification set (:func:`.metrics.evaluate`; ten-crop data sets yield
+    ``(10, C, H, W)`` samples). Another task passes ``evaluate``, a callable
+    ``evaluate(model, loader, device, non_blocking=...)`` returning a dict that holds (at
+    least) the ``metrics`` it names and ``"count"``, the samples evaluated over all ranks
+    (e.g. :class:`..segmentation.SegmentationEvaluator`); ``metrics`` become the metrics CSV's
+    ``<name>_<metric>`` columns, the first is the one printed per epoch. ``batch_size`` is the
+    per-rank evaluation batch (default: the training batch, a tenth of it for ten-crop sets).
+    """
 
     dataset: object
     ten_crop: bool = False
+    evaluate: object = None
+    metrics: tuple = CLASSIFICATION_METRICS
+    batch_size: int = None
+
+    def __post_init__(self):
+        if self.evaluate is not None and not callable(self.evaluate):
+            raise ValueError(f"EvalSet.evaluate={self.evaluate!r}: expected a callable")
+        if self.evaluate is None and tuple(self.metrics) != CLASSIFICATION_METRICS:
+            raise ValueError(f"EvalSet.metrics={self.metrics!r}: the classification evaluation "
+                             f"gives {CLASSIFICATION_METRICS}; pass evaluate for others")
+        if not self.metrics or not all(isinstance(m, str) and m for m in self.metrics):
+            raise ValueError(f"EvalSet.metrics={self.metrics!r}: expected metric names")
+        if self.batch_size is not None and not (isinstance(self.batch_size, int)
+                                                and self.batch_size >= 1):
+            raise ValueError(f"EvalSet.batch_size={self.batch_size!r}: expected None or an "
+                             "integer >= 1")
 
 
-def _make_loader(dataset, batch_size, *, train, workers, seed, device):
+def _make_loader(dataset, batch_size, *, train, workers, seed, device, train_sampler=None):
     # Imported here: the data package is independent of the loop (and heavier to import).
     from .data.loaders import make_loader
     return make_loader(dataset, batch_size, train=train, workers=workers, seed=seed,
-                       device=device)
+                       device=device, train_sampler=train_sampler)
+
+
+def _name(value):
+    """A stable name of a callable for the fingerprint (``functools.partial``: its function's);
+    ``None`` stays ``None``."""
+    if value is None:
+        return None
+    value = getattr(value, "func", value)
+    return getattr(value, "__qualname__", type(value).__qualname__)
 
 
 def _jsonable(value):
@@ -147,11 +188,13 @@ def _dataset_summary(dataset):
     return {"class": type(dataset).__qualname__, "length": len(dataset)}
 
 
-def fingerprint(*, model, train_set, eval_sets, recipe, seed, world_size, criterion, eval_every):
+def fingerprint(*, model, train_set, eval_sets, recipe, seed, world_size, criterion, eval_every,
+                train_sampler=None):
     """The configuration a checkpoint must match to be resumed: the recipe, seed, world size,
     the model's class and state-dict layout, the criterion's class, the data sets' classes and
-    lengths, and the evaluation schedule. (Devices, worker counts and paths are not part of it:
-    a run may resume on another machine.)"""
+    lengths, the training sampler's name, and the evaluations (kind, metrics, schedule).
+    (Devices, worker counts and paths are not part of it: a run may resume on another
+    machine.)"""
     return _jsonable({
         "recipe": dataclasses.asdict(recipe),
         "seed": seed,
@@ -159,7 +202,9 @@ def fingerprint(*, model, train_set, eval_sets, recipe, seed, world_size, criter
         "model": _model_summary(model),
         "criterion": type(criterion).__qualname__,
         "train_set": _dataset_summary(train_set),
-        "eval_sets": {name: {**_dataset_summary(e.dataset), "ten_crop": e.ten_crop}
+        "train_sampler": _name(train_sampler),
+        "eval_sets": {name: {**_dataset_summary(e.dataset), "ten_crop": e.ten_crop,
+                             "evaluate": _name(e.evaluate), "metrics": list(e.metrics)}
                       for name, e in eval_sets.items()},
         "eval_every": eval_every,
     })
@@ -205,14 +250,14 @@ def _peak_memory(device):
     return rss if sys.platform == "darwin" else rss * 1024  # bytes on macOS, KiB on Linux
 
 
-def _columns(eval_names):
+def _columns(eval_sets):
     base = ["epoch", "lr", "train_loss", "train_top1_error", "images_per_s",
             "peak_memory_bytes", "epoch_time_s"]
-    return base + [f"{n}_{m}" for n in eval_names for m in ("top1_error", "top5_error", "loss")]
+    return base + [f"{n}_{m}" for n, e in eval_sets.items() for m in e.metrics]
 
 
-def _write_csv(path, rows, eval_names):
-    columns = _columns(eval_names)
+def _write_csv(path, rows, eval_sets):
+    columns = _columns(eval_sets)
     with atomic_path(path) as tmp:
         with open(tmp, "w", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
@@ -221,7 +266,8 @@ def _write_csv(path, rows, eval_names):
                 writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
 
 
-def _check_arguments(model, train_set, eval_sets, recipe, seed, workers, eval_every, criterion):
+def _check_arguments(model, train_set, eval_sets, recipe, seed, workers, eval_every, criterion,
+                     train_sampler):
     if not isinstance(model, nn.Module):
         raise ValueError(f"model: expected an nn.Module, got {type(model).__name__}")
     if not isinstance(recipe, Recipe):
@@ -239,38 +285,48 @@ def _check_arguments(model, train_set, eval_sets, recipe, seed, workers, eval_ev
         raise ValueError(f"criterion={criterion!r}: expected a callable loss")
     if len(train_set) == 0:
         raise ValueError("train_set: the training set is empty")
+    if train_sampler is not None and not callable(train_sampler):
+        raise ValueError(f"train_sampler={train_sampler!r}: expected None or a callable "
+                         "(num_replicas, rank, seed) -> Sampler")
 
 
 def train(*, model, train_set, eval_sets, recipe, run_dir, metrics_csv, seed, workers, device,
-          desc, criterion=None, eval_every=1):
+          desc, criterion=None, eval_every=1, train_sampler=None):
     """Train ``model`` on ``train_set`` by ``recipe``, evaluating on ``eval_sets``; see the
     module docstring for distribution, checkpoints, resumption and the metrics CSV.
 
     One process or ``torchrun`` ranks (detected from the environment; a process group this call
     creates is destroyed before it returns). ``device`` is ``"cpu"`` or ``"cuda"`` (each rank uses
     its ``LOCAL_RANK`` GPU); the model is moved there, its dtype kept. ``criterion`` defaults to
-    ``nn.CrossEntropyLoss()``. Evaluation runs every ``eval_every`` epochs and after the last.
+    ``nn.CrossEntropyLoss()``; it is called as ``criterion(output, target)``, so any task's
+    loss fits (segmentation: per-pixel targets). ``train_sampler`` replaces the shuffling
+    ``DistributedSampler`` of the training loader: a callable ``(num_replicas, rank, seed) ->
+    Sampler`` with ``set_epoch`` (e.g. class-uniform sampling; :func:`.data.loaders.make_loader`).
+    Evaluation runs every ``eval_every`` epochs and after the last.
     A fresh run seeds the process RNGs from ``(seed, rank)``; build the model under a fixed seed
     before calling for a reproducible initialisation (DDP copies rank 0's weights to every rank).
 
-    Returns ``{"epochs": [the CSV rows as dicts], "final": {eval name: {"top1_error",
-    "top5_error", "loss", "count"}}, "world_size", "per_rank_batch", "params",
-    "train_time_s"}`` (on every rank); ``train_time_s`` sums the epochs' times, across resumes.
+    Returns ``{"epochs": [the CSV rows as dicts], "final": {eval name: the evaluation's dict
+    (classification: "top1_error", "top5_error", "loss", "count")}, "world_size",
+    "per_rank_batch", "params", "train_time_s"}`` (on every rank); ``train_time_s`` sums the
+    epochs' times, across resumes.
     """
     criterion = nn.CrossEntropyLoss() if criterion is None else criterion
-    _check_arguments(model, train_set, eval_sets, recipe, seed, workers, eval_every, criterion)
+    _check_arguments(model, train_set, eval_sets, recipe, seed, workers, eval_every, criterion,
+                     train_sampler)
     distributed.per_rank_batch(recipe.batch_size, distributed.world_size())  # fail early
     ctx = distributed.init(device)
     try:
         return _train(ctx, model=model, train_set=train_set, eval_sets=eval_sets, recipe=recipe,
                       run_dir=Path(run_dir), metrics_csv=Path(metrics_csv), seed=seed,
-                      workers=workers, desc=desc, criterion=criterion, eval_every=eval_every)
+                      workers=workers, desc=desc, criterion=criterion, eval_every=eval_every,
+                      train_sampler=train_sampler)
     finally:
         distributed.teardown(ctx)
 
 
 def _train(ctx, *, model, train_set, eval_sets, recipe, run_dir, metrics_csv, seed, workers,
-           desc, criterion, eval_every):
+           desc, criterion, eval_every, train_sampler):
     device = ctx.device
     per_rank = distributed.per_rank_batch(recipe.batch_size, ctx.world_size)
     model.to(device)
@@ -279,7 +335,7 @@ def _train(ctx, *, model, train_set, eval_sets, recipe, run_dir, metrics_csv, se
     _seed_process(seed, ctx.rank)
 
     steps = len(_make_loader(train_set, per_rank, train=True, workers=0, seed=seed,
-                             device=str(device)))
+                             device=str(device), train_sampler=train_sampler))
     if steps == 0:
         raise ValueError(f"train_set: {len(train_set)} samples make no full batch of {per_rank} "
                          f"per rank (batch_size={recipe.batch_size}, world size "
@@ -293,7 +349,7 @@ def _train(ctx, *, model, train_set, eval_sets, recipe, run_dir, metrics_csv, se
 
     fp = fingerprint(model=model, train_set=train_set, eval_sets=eval_sets, recipe=recipe,
                      seed=seed, world_size=ctx.world_size, criterion=criterion,
-                     eval_every=eval_every)
+                     eval_every=eval_every, train_sampler=train_sampler)
     ckpt_path = run_dir / CHECKPOINT_NAME
     rows, final, start_epoch = [], {}, 0
     if distributed.broadcast_object(ckpt_path.exists()):
@@ -322,7 +378,7 @@ def _train(ctx, *, model, train_set, eval_sets, recipe, run_dir, metrics_csv, se
         started = time.perf_counter()
         row = {"epoch": epoch + 1,
                **_train_epoch(ctx, net, optimizer, scheduler, criterion, train_set, per_rank,
-                              epoch, recipe.epochs, steps, seed, workers, desc)}
+                              epoch, recipe.epochs, steps, seed, workers, desc, train_sampler)}
         if not math.isfinite(row["train_loss"]):
             # Stop before a diverged model overwrites the last good checkpoint.
             raise FloatingPointError(
@@ -334,43 +390,45 @@ def _train(ctx, *, model, train_set, eval_sets, recipe, run_dir, metrics_csv, se
             for name in eval_names:
                 final[name] = _evaluate(ctx, model, eval_sets[name], per_rank, seed, workers,
                                         f"{desc} {name}")
-                for key in ("top1_error", "top5_error", "loss"):
+                for key in eval_sets[name].metrics:
                     row[f"{name}_{key}"] = final[name][key]
         row["epoch_time_s"] = time.perf_counter() - started
         rows.append(row)
         if ctx.is_main:
-            tqdm.write(_summary(desc, row, recipe.epochs, eval_names), file=sys.stderr)
+            tqdm.write(_summary(desc, row, recipe.epochs, eval_sets), file=sys.stderr)
         rng = distributed.all_gather_object(checkpoint.capture_rng(device))
         if ctx.is_main:
             checkpoint.save(ckpt_path, {
                 "fingerprint": fp, "epoch": epoch + 1, "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "rng": rng, "metrics": rows, "final": final})
-            _write_csv(metrics_csv, rows, eval_names)
+            _write_csv(metrics_csv, rows, eval_sets)
         distributed.barrier()
     if ctx.is_main:
-        _write_csv(metrics_csv, rows, eval_names)
+        _write_csv(metrics_csv, rows, eval_sets)
     return {"epochs": rows, "final": final, "world_size": ctx.world_size,
             "per_rank_batch": per_rank, "params": sum(p.numel() for p in model.parameters()),
             "train_time_s": sum(r["epoch_time_s"] for r in rows)}
 
 
-def _summary(desc, row, epochs, eval_names):
+def _summary(desc, row, epochs, eval_sets):
     parts = [f"{desc} epoch {row['epoch']}/{epochs}: lr {row['lr']:.4g}",
              f"train loss {row['train_loss']:.4f}"]
     if row["train_top1_error"] is not None:
         parts.append(f"train top-1 error {row['train_top1_error']:.4f}")
-    parts += [f"{name} top-1 error {row[f'{name}_top1_error']:.4f}" for name in eval_names
-              if f"{name}_top1_error" in row]
+    for name, eval_set in eval_sets.items():
+        metric = eval_set.metrics[0]
+        if f"{name}_{metric}" in row:
+            parts.append(f"{name} {metric.replace('_', ' ')} {row[f'{name}_{metric}']:.4f}")
     parts.append(f"{row['images_per_s']:.1f} images/s")
     return ", ".join(parts)
 
 
 def _train_epoch(ctx, net, optimizer, scheduler, criterion, train_set, per_rank, epoch, epochs,
-                 steps, seed, workers, desc):
+                 steps, seed, workers, desc, train_sampler):
     device = ctx.device
     loader = _make_loader(train_set, per_rank, train=True, workers=workers, seed=seed + epoch,
-                          device=str(device))
+                          device=str(device), train_sampler=train_sampler)
     if hasattr(loader.sampler, "set_epoch"):
         loader.sampler.set_epoch(epoch)
     if len(loader) != steps:
@@ -417,16 +475,25 @@ def _train_epoch(ctx, net, optimizer, scheduler, criterion, train_set, per_rank,
 
 
 def _evaluate(ctx, model, eval_set, per_rank, seed, workers, desc):
-    batch = max(1, per_rank // TEN_CROPS) if eval_set.ten_crop else per_rank
+    batch = eval_set.batch_size or (max(1, per_rank // TEN_CROPS) if eval_set.ten_crop
+                                    else per_rank)
     loader = _make_loader(eval_set.dataset, batch, train=False, workers=workers, seed=seed,
                           device=str(ctx.device))
     bar = tqdm(loader, desc=desc, disable=not ctx.is_main, leave=False, dynamic_ncols=True,
                file=sys.stderr)
+    non_blocking = ctx.device.type == "cuda"
     try:
-        return metrics.evaluate(model, bar, ctx.device, ten_crop=eval_set.ten_crop,
-                                non_blocking=ctx.device.type == "cuda")
+        if eval_set.evaluate is None:
+            return metrics.evaluate(model, bar, ctx.device, ten_crop=eval_set.ten_crop,
+                                    non_blocking=non_blocking)
+        result = eval_set.evaluate(model, bar, ctx.device, non_blocking=non_blocking)
+        missing = [m for m in (*eval_set.metrics, "count") if m not in result]
+        if missing:
+            raise KeyError(f"{desc}: the evaluation returned no {missing} (it gave "
+                           f"{sorted(result)})")
+        return result
     finally:
         bar.close()
 
 
-__all__ = ["CHECKPOINT_NAME", "EvalSet", "Recipe", "fingerprint", "train"]
+__all__ = ["CHECKPOINT_NAME", "CLASSIFICATION_METRICS", "EvalSet", "Recipe", "fingerprint", "train"]

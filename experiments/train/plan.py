@@ -5,7 +5,7 @@ A training experiment's profile section holds ``defaults`` (a recipe every point
 ``points`` (point name -> the keys it overrides); :func:`point_specs` merges them, with
 ``model_args`` merged key by key (a ``null`` there removes a default argument). :func:`command` turns one point into the shell command that
 trains it: ``python -m experiments.<id> ...`` for one process, ``torchrun --standalone
---nproc-per-node N -m experiments.<id> ...`` for ``nproc`` ranks.
+--nproc-per-node N -m experiments.<id> ...`` for ``nproc`` ranks. :func:`generate_command` is the command of a generated data set.
 """
 import shlex
 
@@ -55,6 +55,17 @@ def arguments(spec, data_root):
     return [str(a) for a in args]
 
 
+def generate_command(dataset, spec, out):
+    """The command that generates ``dataset`` at ``out`` from its profile's ``generate``
+    mapping: each key becomes an option (``train_per_class: 100`` -> ``--train-per-class
+    100``; a list, ``sizes: [256x128]``, gives its items)."""
+    words = ["python", "-m", "experiments.train.data.generate", dataset, "--out", str(out)]
+    for key, value in spec.items():
+        values = value if isinstance(value, (list, tuple)) else [value]
+        words += [f"--{key.replace('_', '-')}", *(_value(v) for v in values)]
+    return shlex.join(words)
+
+
 def command(experiment, spec, data_root, outputs):
     """The shell command that trains one point; ``outputs`` maps ``out``, ``epochs_csv``,
     ``weights``, ``work_dir`` to paths."""
@@ -65,4 +76,5 @@ def command(experiment, spec, data_root, outputs):
     return shlex.join(words)
 
 
-__all__ = ["point_specs", "model_arg_options", "launcher", "arguments", "command"]
+__all__ = ["point_specs", "model_arg_options", "launcher", "arguments", "generate_command",
+           "command"]

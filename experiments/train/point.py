@@ -58,15 +58,21 @@ def _evaluation(text):
     return name, parts[0], int(parts[1]), int(parts[2])
 
 
+def add_model_arg_option(group):
+    """``--model-arg KEY=VALUE`` (repeatable) in ``group``: ``args.model_args``, a list of
+    ``(key, value)``."""
+    group.add_argument("--model-arg", dest="model_args", action="append", type=key_value,
+                       default=[], metavar="KEY=VALUE",
+                       help="keyword argument of the model's constructor (repeatable), e.g. "
+                            "growth_rate=48, width=0.0625, preact=false, impl=shared")
+
+
 def add_model_options(p, model=None):
     """``--model`` (default ``model``, required if ``None``) and ``--model-arg`` in a "model"
     group of ``p``; returns the group."""
     net = p.add_argument_group("model")
     net.add_argument("--model", choices=sorted(BUILDERS), required=model is None, default=model)
-    net.add_argument("--model-arg", dest="model_args", action="append", type=key_value,
-                     default=[], metavar="KEY=VALUE",
-                     help="keyword argument of the model's constructor (repeatable), e.g. "
-                          "growth_rate=48, width=0.0625, preact=false, impl=shared")
+    add_model_arg_option(net)
     return net
 
 
@@ -218,5 +224,6 @@ def main(experiment, description, argv=None, **parser_options):
     run(args, experiment)
 
 
-__all__ = ["DATASETS", "NORMS", "SCHEDULES", "key_value", "add_model_options", "parser", "check", "datasets", "recipe",
+__all__ = ["DATASETS", "NORMS", "SCHEDULES", "key_value", "add_model_arg_option",
+           "add_model_options", "parser", "check", "datasets", "recipe",
            "configuration", "evaluations", "run", "main"]

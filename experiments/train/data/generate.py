@@ -11,6 +11,8 @@ The default (smoke) profile trains on data sets made here, so the real loaders
 - :func:`generate_imagenet`: ``train/<wnid>/<wnid>_<n>.JPEG`` and
   ``val/<wnid>/ILSVRC2012_val_<n>.JPEG`` (wnid-like class names ``n0000xxxx``), JPEG quality
   90, images of a few sizes and aspect ratios (``sizes``).
+- Cityscapes, COCO-Stuff and Mapillary Vistas trees: :mod:`.generate_segmentation` (loaded
+  on first use: ``python -m ... generate cityscapes`` etc. run it).
 
 **Content.** Every class is a combination of a shape (disc, square, triangle, ring, cross,
 stripes, star, crescent, frame, x), a hue band (five bands of 72 degrees) and a fill texture
@@ -32,6 +34,12 @@ Command line::
     python -m experiments.train.data.generate {cifar10,cifar100,imagenet} --out ROOT
         [--train-per-class N] [--test-per-class N] [--classes N] [--seed S]
         [--sizes WxH ...] [--overwrite]
+    python -m experiments.train.data.generate {cityscapes,cocostuff,vistas} --out ROOT
+        [--train-images N] [--val-images N] [--sizes WxH ...] [--coarse-extra N] [--seed S]
+        [--overwrite]
+
+(``--classes``: ImageNet only; ``--sizes``: ImageNet, COCO-Stuff, Vistas, and Cityscapes with
+exactly one size; ``--coarse-extra``: Cityscapes only.)
 """
 import argparse
 import colorsys
@@ -61,6 +69,11 @@ DEFAULTS = {  # per-class counts of the command line
     "cifar10": {"train_per_class": 500, "test_per_class": 100},
     "cifar100": {"train_per_class": 50, "test_per_class": 10},
     "imagenet": {"train_per_class": 100, "test_per_class": 20, "classes": 10},
+}
+SEGMENTATION_DEFAULTS = {  # image counts of the command line (generate_segmentation)
+    "cityscapes": {"train_images": 40, "val_images": 10, "coarse_extra": 0},
+    "cocostuff": {"train_images": 40, "val_images": 10},
+    "vistas": {"train_images": 40, "val_images": 10},
 }
 
 
@@ -322,11 +335,12 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(
         prog="python -m experiments.train.data.generate",
         description="Write a small, learnable data set in the real on-disk format of CIFAR-10, "
-                    "CIFAR-100 or ImageNet (ImageFolder tree).")
-    p.add_argument("dataset", choices=sorted(DEFAULTS))
+                    "CIFAR-100, ImageNet (ImageFolder tree), Cityscapes, COCO-Stuff (stuff "
+                    "pixel maps) or Mapillary Vistas.")
+    p.add_argument("dataset", choices=sorted({**DEFAULTS, **SEGMENTATION_DEFAULTS}))
     p.add_argument("--out", required=True, type=Path,
                    help="CIFAR: the folder to hold cifar-10-batches-py/ or cifar-100-python/; "
-                        "ImageNet: the tree's root (train/ and val/ go in it)")
+                        "ImageNet, Cityscapes, COCO-Stuff, Vistas: the tree's root")
     p.add_argument("--train-per-class", type=int,
                    help="training images per class (default: cifar10 500, cifar100 50, "
                         "imagenet 100)")
@@ -336,27 +350,66 @@ def parse_args(argv=None):
     p.add_argument("--classes", type=int,
                    help=f"ImageNet only: number of classes (default 10, at most {MAX_CLASSES})")
     p.add_argument("--sizes", type=_size, nargs="+",
-                   help="ImageNet only: image sizes WIDTHxHEIGHT to draw from (default "
-                        + " ".join(f"{w}x{h}" for w, h in DEFAULT_SIZES) + ")")
+                   help="ImageNet, COCO-Stuff, Vistas: image sizes WIDTHxHEIGHT to draw from "
+                        "(ImageNet default " + " ".join(f"{w}x{h}" for w, h in DEFAULT_SIZES)
+                        + "); Cityscapes: the one image size (default 256x128)")
+    p.add_argument("--train-images", type=int,
+                   help="Cityscapes, COCO-Stuff, Vistas: training images (default 40)")
+    p.add_argument("--val-images", type=int,
+                   help="Cityscapes, COCO-Stuff, Vistas: validation images (default 10)")
+    p.add_argument("--coarse-extra", type=int,
+                   help="Cityscapes only: train_extra images with gtCoarse labels (default 0)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace an existing data set")
     args = p.parse_args(argv)
-    if args.dataset != "imagenet":
-        for flag, value in (("--classes", args.classes), ("--sizes", args.sizes)):
-            if value is not None:
-                p.error(f"{flag} applies to imagenet only ({args.dataset} has fixed classes "
-                        "and 32x32 images)")
-    for key, value in DEFAULTS[args.dataset].items():
+    segmentation = args.dataset in SEGMENTATION_DEFAULTS
+    if args.dataset != "imagenet" and args.classes is not None:
+        p.error(f"--classes applies to imagenet only ({args.dataset} has fixed classes"
+                + (")" if segmentation else " and 32x32 images)"))
+    if args.dataset in LAYOUTS and args.sizes is not None:
+        p.error(f"--sizes applies to imagenet, cityscapes, cocostuff and vistas only "
+                f"({args.dataset} has 32x32 images)")
+    if args.dataset == "cityscapes" and args.sizes is not None and len(args.sizes) != 1:
+        p.error("--sizes takes exactly one WIDTHxHEIGHT for cityscapes (all its images have "
+                "one size)")
+    if args.dataset != "cityscapes" and args.coarse_extra is not None:
+        p.error(f"--coarse-extra applies to cityscapes only, not {args.dataset}")
+    own, other = ((("--train-images", "--val-images"), ("--train-per-class", "--test-per-class"))
+                  if segmentation else
+                  (("--train-per-class", "--test-per-class"), ("--train-images", "--val-images")))
+    for flag in other:
+        if getattr(args, flag[2:].replace("-", "_")) is not None:
+            p.error(f"{flag} does not apply to {args.dataset} (use {' and '.join(own)})")
+    defaults = (SEGMENTATION_DEFAULTS if segmentation else DEFAULTS)[args.dataset]
+    for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     return args
+
+
+def _generate_segmentation(args):
+    """Run the segmentation generator of ``args.dataset``; returns the tree's root."""
+    from . import generate_segmentation as seg  # loaded only for these data sets
+
+    common = dict(seed=args.seed, overwrite=args.overwrite)
+    if args.dataset == "cityscapes":
+        if args.sizes:
+            common["size"] = args.sizes[0]
+        return seg.generate_cityscapes(args.out, args.train_images, args.val_images,
+                                       coarse_extra=args.coarse_extra, **common)
+    if args.sizes:
+        common["sizes"] = args.sizes
+    generate = seg.generate_cocostuff if args.dataset == "cocostuff" else seg.generate_vistas
+    return generate(args.out, args.train_images, args.val_images, **common)
 
 
 def main(argv=None):
     args = parse_args(argv)
     start = time.perf_counter()
     try:
-        if args.dataset == "imagenet":
+        if args.dataset in SEGMENTATION_DEFAULTS:
+            path = _generate_segmentation(args)
+        elif args.dataset == "imagenet":
             path = generate_imagenet(args.out, args.classes, args.train_per_class,
                                      args.test_per_class, args.seed,
                                      args.sizes or DEFAULT_SIZES, overwrite=args.overwrite)
@@ -368,6 +421,11 @@ def main(argv=None):
     except (ValueError, FileExistsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.dataset in SEGMENTATION_DEFAULTS:
+        extra = f" + {args.coarse_extra} coarse extra" if args.coarse_extra else ""
+        print(f"{args.dataset}: {args.train_images} train + {args.val_images} val{extra} images "
+              f"in {path} ({time.perf_counter() - start:.1f} s)")
+        return 0
     print(f"{args.dataset}: {classes} classes x ({args.train_per_class} train + "
           f"{args.test_per_class} test) images in {path} "
           f"({time.perf_counter() - start:.1f} s)")

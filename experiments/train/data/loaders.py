@@ -5,7 +5,9 @@
 - training: ``DistributedSampler(shuffle=True, seed=seed, drop_last=True)`` over the ranks of
   an initialised process group (one "rank" of one without a group), and batches of exactly
   ``batch_size`` (the per-rank batch; the last incomplete batch is dropped, so every rank runs
-  the same number of steps and no BN layer sees a batch of one);
+  the same number of steps and no BN layer sees a batch of one). ``train_sampler`` replaces
+  the ``DistributedSampler`` by another per-rank sampler with ``set_epoch``, e.g. the
+  class-uniform sampling of segmentation (:class:`~.class_uniform.ClassUniformSampler`);
 - evaluation: :class:`ShardSampler`, rank ``r`` of ``world`` takes indices ``r::world``,
   unpadded, so every sample is evaluated exactly once (``DistributedSampler`` would repeat
   samples to even out the ranks and bias the error), as the authors' ``TestDistributedSampler``
@@ -45,11 +47,18 @@ def _splitmix64(x):
     return x ^ (x >> 31)
 
 
-def sample_seed(seed, epoch, index):
-    """A 64-bit seed for one sample's augmentation, mixed from ``(seed, epoch, index)``."""
+def sample_seed(seed, epoch, index, occurrence=0):
+    """A 64-bit seed for one sample's augmentation, mixed from ``(seed, epoch, index)``.
+
+    ``occurrence`` (``k`` for the ``k+1``-th appearance of ``index`` in one epoch, for samplers
+    that repeat indices) is mixed in too when it is not 0, so repetitions are augmented
+    differently; 0 gives the seed of ``(seed, epoch, index)`` alone.
+    """
     h = 0
     for v in (seed, epoch, index):
         h = _splitmix64(h ^ (int(v) & _MASK64))
+    if occurrence:
+        h = _splitmix64(h ^ (int(occurrence) & _MASK64))
     return h
 
 
@@ -77,7 +86,11 @@ class SeededSampler(Sampler):
     """Yields ``(index, sample_seed(seed, epoch, index))`` for each index of ``sampler``.
 
     ``set_epoch(e)`` sets the epoch (and the wrapped sampler's, if it has ``set_epoch``); each
-    further pass without a new ``set_epoch`` counts one epoch on, for both.
+    further pass without a new ``set_epoch`` counts one epoch on, for both. A wrapped sampler
+    that can repeat an index within an epoch may have an ``occurrences()`` method, called after
+    its ``set_epoch``: per index it will yield, the number of earlier appearances of that index
+    in the epoch (over all ranks); those go into :func:`sample_seed` so that each repetition
+    gets its own augmentation.
     """
 
     def __init__(self, sampler, seed):
@@ -95,6 +108,10 @@ class SeededSampler(Sampler):
         self._passes += 1
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
+        if hasattr(self.sampler, "occurrences"):
+            for index, k in zip(self.sampler, self.sampler.occurrences(), strict=True):
+                yield index, sample_seed(self.seed, epoch, index, k)
+            return
         for index in self.sampler:
             yield index, sample_seed(self.seed, epoch, index)
 
@@ -165,7 +182,7 @@ def seed_worker(worker_id):
 
 
 def make_loader(dataset, batch_size, *, train, workers, seed, device, num_replicas=None,
-                rank=None):
+                rank=None, train_sampler=None):
     """A DataLoader over ``dataset`` for training (``train=True``) or evaluation.
 
     ``batch_size`` is the per-rank batch; ``workers`` the worker processes (0: load in this
@@ -174,16 +191,32 @@ def make_loader(dataset, batch_size, *, train, workers, seed, device, num_replic
     ``"cuda"``, ``"cuda:1"``, a ``torch.device``) decides pinned memory. ``num_replicas`` and
     ``rank`` default to the initialised process group (else one process). Items are those of
     ``dataset``; ``loader.dataset.dataset`` is ``dataset`` itself and ``loader.sampler.sampler``
-    the ``DistributedSampler`` or :class:`ShardSampler`.
+    the ``DistributedSampler`` (or ``train_sampler``'s sampler) or :class:`ShardSampler`.
+
+    ``train_sampler`` (training only): a callable ``(num_replicas, rank, seed) -> sampler``
+    whose sampler yields this rank's indices into ``dataset`` and has ``set_epoch(epoch)``
+    (its order must be a function of ``seed`` and the epoch, the same on every rank, for the
+    run to stay reproducible); it is used instead of the ``DistributedSampler``, with the same
+    check that the rank gets at least one full batch. E.g. ``lambda n, r, s:
+    ClassUniformSampler(presence, num_classes, num_replicas=n, rank=r, seed=s)``.
     """
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
         raise ValueError(f"workers must be an int >= 0, got {workers!r}")
     num_replicas, rank = _world(num_replicas, rank)
+    if train_sampler is not None and not train:
+        raise ValueError("train_sampler replaces the training sampler; evaluation loaders "
+                         "(train=False) always shard with ShardSampler")
     if train:
-        inner = DistributedSampler(dataset, num_replicas=num_replicas, rank=rank, shuffle=True,
-                                   seed=int(seed), drop_last=True)
+        if train_sampler is None:
+            inner = DistributedSampler(dataset, num_replicas=num_replicas, rank=rank,
+                                       shuffle=True, seed=int(seed), drop_last=True)
+        else:
+            inner = train_sampler(num_replicas, rank, int(seed))
+            if not callable(getattr(inner, "set_epoch", None)):
+                raise TypeError(f"train_sampler returned {type(inner).__name__}, which has no "
+                                "set_epoch(epoch) method")
         if len(inner) < batch_size:
             raise ValueError(
                 f"the training set has {len(dataset)} samples, {len(inner)} per rank over "

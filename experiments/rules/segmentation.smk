@@ -1,0 +1,66 @@
+"""InPlace-ABN Table 2: segmentation training (experiments/iabn_table2_segmentation.py).
+Included by the Snakefile after training.smk, whose TRAINING, dataset_root, dataset_inputs and
+training_outputs it uses.
+
+Each point is one job of `devices` ranks (torchrun; GPUs on cuda, gloo processes on the CPU).
+Its inputs chain the experiments as the paper does: the body's ImageNet weights are a Table 1
+point's output (so classification trains first), and a Table 2 top point's crops and crop
+size are the capacity point's result for the same body (experiments/train/seg_plan.py), so
+the table's brackets and its mIoU come from one chain.
+"""
+from experiments.train import seg_plan
+
+SEGMENTATION = {name: {**spec, "device": DEVICE} for name, spec in seg_plan.point_specs(
+    config["iabn_table2_segmentation"], TRAINING["iabn_table1_imagenet"]).items()}
+seg_plan.check_capacity(SEGMENTATION, TABLE2)
+for _name, _spec in SEGMENTATION.items():
+    if _spec["capacity"] is not None and _spec["body"] not in TABLE2["bodies"]:
+        raise ValueError(f"iabn_table2_segmentation point {_name}: body {_spec['body']} is not "
+                         "among iabn_table2_capacity.bodies, which give its crops")
+EXPERIMENTS["iabn_table2_segmentation"] = {"points": list(SEGMENTATION),
+                                           "notebooks": ["iabn_table2_segmentation"]}
+
+
+def segmentation_inputs(wildcards):
+    spec = SEGMENTATION[wildcards.point]
+    inputs = {"data": dataset_inputs(spec["dataset"]),
+              "pretrained": paths.weights("iabn_table1_imagenet", RUN, spec["pretrained"])}
+    if spec["capacity"] is not None:
+        inputs["capacity"] = paths.point_json("iabn_table2_capacity", RUN, spec["capacity"])
+    return inputs
+
+
+def segmentation_command(wildcards, input):
+    spec = SEGMENTATION[wildcards.point]
+    return seg_plan.command("iabn_table2_segmentation", spec, dataset_root(spec["dataset"]),
+                            input.pretrained, input.get("capacity"),
+                            training_outputs("iabn_table2_segmentation", wildcards.point))
+
+
+rule iabn_table2_segmentation_point:
+    """One cell of InPlace-ABN Table 2: DeepLabV3 trained from its ImageNet body, with the
+    capacity experiment's batch compilation, evaluated by mIoU."""
+    input:
+        unpack(segmentation_inputs),
+        code=code("experiments.iabn_table2_segmentation"),
+    output:
+        point=paths.point_json("iabn_table2_segmentation", RUN, "{point}"),
+        epochs=paths.epochs_csv("iabn_table2_segmentation", RUN, "{point}"),
+        weights=paths.weights("iabn_table2_segmentation", RUN, "{point}"),
+    log:
+        paths.job_log("iabn_table2_segmentation", RUN, "{point}"),
+    benchmark:
+        paths.job_benchmark("iabn_table2_segmentation", RUN, "{point}")
+    wildcard_constraints:
+        point="|".join(SEGMENTATION),
+    threads:
+        lambda wildcards: (SEGMENTATION[wildcards.point]["threads"]
+                           * SEGMENTATION[wildcards.point]["devices"])
+    resources:
+        **cluster_resources(config["iabn_table2_segmentation"]["defaults"],
+                            gpus=lambda wildcards: (
+                                SEGMENTATION[wildcards.point]["devices"] if GPU else 0)),
+    params:
+        command=segmentation_command,
+    shell:
+        "{params.command} > {log} 2>&1"

@@ -1,0 +1,165 @@
+"""The shared base of the semantic-segmentation data sets (InPlace-ABN Table 2).
+
+Cityscapes, COCO-Stuff and Mapillary Vistas differ only in where their files are and in how a
+raw label value becomes a training class; everything else is the same and lives here, in
+:class:`SegmentationDataset`:
+
+- a list of ``(image_path, label_path)`` samples (``label_path`` is ``None`` where a split has
+  no labels, e.g. the test sets: the target is then all :data:`IGNORE_INDEX`);
+- the training classes (``classes``, ``num_classes``) and a ``uint8`` lookup table of 256
+  entries, raw label value -> train id, or :data:`IGNORE_INDEX` (255) for void: the three
+  releases store labels as 8-bit PNGs (single-channel ``"L"`` or palette ``"P"``, whose
+  pixel values are read as their palette indices), so one table lookup maps a whole map;
+- an optional joint ``transform(image, target)``: segmentation augmentation must move the
+  image and its label map together (flip, scale, crop; see :mod:`.seg_transforms`).
+
+An item is ``(PIL RGB image, uint8 numpy target of shape (H, W))`` without a transform, else
+whatever ``transform(image, target)`` returns for those two. A label map is never resized to
+fit its image: one of another size is a wrongly paired or corrupt file and raises
+:class:`~experiments.train.data.errors.DatasetLayoutError` naming both files and both sizes, as
+does a label map that cannot be decoded or is not an 8-bit map.
+
+:meth:`SegmentationDataset.class_presence` lists the train ids each sample contains; it reads
+every label map once (then caches the answer on the instance) and feeds the class-uniform
+sampling of :mod:`.class_uniform`.
+"""
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .errors import DatasetLayoutError
+
+IGNORE_INDEX = 255
+LABEL_MODES = ("L", "P")
+_READ_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+
+
+def make_lut(mapping, num_classes):
+    """A ``uint8`` table of 256 entries: ``lut[raw] = mapping[raw]``, :data:`IGNORE_INDEX`
+    for every raw value not in ``mapping``. Train ids must lie in ``[0, num_classes)``."""
+    lut = np.full(256, IGNORE_INDEX, dtype=np.uint8)
+    for raw, train_id in mapping.items():
+        if not 0 <= raw < 256:
+            raise ValueError(f"raw label value {raw} is not an 8-bit value")
+        if not 0 <= train_id < num_classes:
+            raise ValueError(f"train id {train_id} (for raw value {raw}) is outside "
+                             f"[0, {num_classes})")
+        lut[raw] = train_id
+    return lut
+
+
+def read_rgb(path, expected):
+    """Decode ``path`` into an RGB PIL image (grayscale and CMYK images are converted)."""
+    try:
+        with open(path, "rb") as f:
+            return Image.open(f).convert("RGB")
+    except _READ_ERRORS as exc:
+        raise DatasetLayoutError.at(path, f"cannot read or decode the image "
+                                    f"({type(exc).__name__}: {exc})", expected) from exc
+
+
+def read_label(path, expected):
+    """The raw label map at ``path`` as a ``uint8`` array ``(H, W)``: the pixel values of an
+    ``"L"`` PNG, the palette indices of a ``"P"`` PNG. Anything else is a layout error."""
+    try:
+        with Image.open(path) as image:
+            image.load()
+            mode = image.mode
+            if mode in LABEL_MODES:
+                return np.asarray(image, dtype=np.uint8)
+    except _READ_ERRORS as exc:
+        raise DatasetLayoutError.at(path, f"cannot read or decode the label map "
+                                    f"({type(exc).__name__}: {exc})", expected) from exc
+    raise DatasetLayoutError.at(
+        path, f"label map has PIL mode {mode!r}, not an 8-bit single-channel ('L') or palette "
+        "('P') PNG of label values", expected)
+
+
+class SegmentationDataset(torch.utils.data.Dataset):
+    """Samples ``(image_path, label_path or None)`` with a label lookup table and class names.
+
+    ``samples`` must not be empty; ``classes`` are the train-id names (``num_classes`` of
+    them); ``lut`` a ``uint8`` array of 256 entries, each a train id in ``[0, num_classes)`` or
+    :data:`IGNORE_INDEX`; ``root`` and ``expected`` (a one-line description of the layout)
+    go into the errors. Subclasses find and validate their samples, then call this.
+    """
+
+    IGNORE_INDEX = IGNORE_INDEX
+
+    def __init__(self, samples, classes, lut, transform=None, *, root, expected):
+        self.root = Path(root)
+        self.expected = expected
+        self.samples = [(Path(i), None if t is None else Path(t)) for i, t in samples]
+        if not self.samples:
+            raise DatasetLayoutError.at(self.root, "no samples (no images found)", expected)
+        self.classes = list(classes)
+        self.num_classes = len(self.classes)
+        if not 0 < self.num_classes < IGNORE_INDEX:
+            raise ValueError(f"need 1 to {IGNORE_INDEX - 1} classes, got {self.num_classes}")
+        lut = np.asarray(lut)
+        if lut.shape != (256,) or lut.dtype != np.uint8:
+            raise ValueError(f"lut must be a uint8 array of 256 entries, got {lut.dtype} "
+                             f"{lut.shape}")
+        bad = (lut >= self.num_classes) & (lut != IGNORE_INDEX)
+        if bad.any():
+            raw = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"lut maps raw value {raw} to {int(lut[raw])}, neither a train id "
+                             f"in [0, {self.num_classes}) nor {IGNORE_INDEX}")
+        self.lut = lut
+        self.transform = transform
+        self._presence = None
+
+    def __len__(self):
+        return len(self.samples)
+
+    def _target(self, index, size):
+        """The train-id map of sample ``index``; ``size`` is its image's ``(width, height)``."""
+        image_path, label_path = self.samples[index]
+        if label_path is None:
+            return np.full((size[1], size[0]), IGNORE_INDEX, dtype=np.uint8)
+        raw = read_label(label_path, self.expected)
+        if raw.shape != (size[1], size[0]):
+            raise DatasetLayoutError.at(
+                label_path, f"label map is {raw.shape[1]}x{raw.shape[0]} (width x height) but "
+                f"its image {image_path} is {size[0]}x{size[1]}; a label map must match its "
+                "image pixel for pixel (labels are never resized)", self.expected)
+        return self.lut[raw]
+
+    def __getitem__(self, index):
+        image = read_rgb(self.samples[index][0], self.expected)
+        target = self._target(index, image.size)
+        if self.transform is None:
+            return image, target
+        return self.transform(image, target)
+
+    def class_presence(self):
+        """For each sample, the sorted train ids (void excluded) present in its label map.
+
+        Reads every label map on the first call (sizes are not checked here: only the label
+        files are opened) and caches the answer on the instance; samples without labels have
+        none. Returns a new list of lists each call.
+        """
+        if self._presence is None:
+            presence = []
+            for _, label_path in self.samples:
+                if label_path is None:
+                    presence.append(())
+                    continue
+                raw = read_label(label_path, self.expected)
+                values = np.flatnonzero(np.bincount(raw.ravel(), minlength=256))
+                ids = np.unique(self.lut[values])
+                presence.append(tuple(int(c) for c in ids if c != IGNORE_INDEX))
+            self._presence = presence
+        return [list(p) for p in self._presence]
+
+    def __repr__(self):
+        split = getattr(self, "split", None)
+        split = "" if split is None else f", split={split!r}"
+        return (f"{type(self).__name__}(root={str(self.root)!r}{split}, images={len(self)}, "
+                f"classes={self.num_classes})")
+
+
+__all__ = ["IGNORE_INDEX", "LABEL_MODES", "SegmentationDataset", "make_lut", "read_label",
+           "read_rgb"]

@@ -1,0 +1,119 @@
+"""Mapillary Vistas (research edition) in its released layout, classes from its config.json.
+
+The layout of the released archive unpacked into ``root``::
+
+    root/config.json                                   {"labels": [{"name", "readable", "color",
+                                                         "instances", "evaluate"}, ...]}
+    root/{training,validation,testing}/images/<key>.jpg           RGB images
+    root/{training,validation}/labels/<key>.png                   8-bit palette label maps
+
+``config.json`` lists the labels; a label's id is its index in that list (v1.2: 66 labels,
+the last, ``void--unlabeled``, not evaluated). The label PNGs are palette images whose pixel
+indices are those ids (read as indices, never as colours). Ids of labels with ``"evaluate":
+true`` become consecutive train ids in config order (v1.2: 65 classes); the others, and any
+index beyond the list, are void (255). ``classes`` are the labels' ``"readable"`` names (their
+``"name"`` where a label has none), ``names`` their ``"name"`` fields. The ``testing`` split
+has no labels: its targets are all void. The release's ``instances/`` maps are not read.
+
+Checked when :class:`Vistas` is built, each failure a
+:class:`~experiments.train.data.errors.DatasetLayoutError` naming the path and the layout:
+``config.json`` exists, parses, and has a ``"labels"`` list of at most 256 objects with a
+string ``"name"`` and a boolean ``"evaluate"``, at least one evaluated; the split's
+``images/`` folder exists and holds images; in ``training`` and ``validation`` each image has
+its ``labels/<key>.png``. Files are decoded when read.
+"""
+import json
+from pathlib import Path
+
+from .errors import DatasetLayoutError
+from .segmentation import IGNORE_INDEX, SegmentationDataset, make_lut
+
+SPLITS = ("training", "validation", "testing")
+LABELLED_SPLITS = ("training", "validation")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg")
+
+EXPECTED_LAYOUT = (
+    "ROOT/config.json ({\"labels\": [{\"name\": str, \"readable\": str, \"color\": [r, g, b], "
+    "\"evaluate\": bool, ...}, ...]}, label id = list index), "
+    "ROOT/{training,validation,testing}/images/<key>.jpg (RGB) and "
+    "ROOT/{training,validation}/labels/<key>.png (8-bit palette PNG of label ids, same size) "
+    "(Mapillary Vistas research edition layout)")
+
+
+def read_config(path):
+    """``(classes, names, lut)`` from a Vistas ``config.json``: readable and machine names of
+    the evaluated labels, and the label id -> train id table."""
+    if not path.is_file():
+        raise DatasetLayoutError.at(path, "missing file", EXPECTED_LAYOUT)
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DatasetLayoutError.at(path, f"cannot parse the JSON ({type(exc).__name__}: {exc})",
+                                    EXPECTED_LAYOUT) from exc
+    labels = config.get("labels") if isinstance(config, dict) else None
+    if not isinstance(labels, list) or not labels:
+        raise DatasetLayoutError.at(path, "no non-empty \"labels\" list at the top level",
+                                    EXPECTED_LAYOUT)
+    if len(labels) > 256:
+        raise DatasetLayoutError.at(path, f"{len(labels)} labels, more than an 8-bit label map "
+                                    "can index (256)", EXPECTED_LAYOUT)
+    classes, names, mapping = [], [], {}
+    for i, label in enumerate(labels):
+        if not (isinstance(label, dict) and isinstance(label.get("name"), str)
+                and isinstance(label.get("evaluate"), bool)):
+            raise DatasetLayoutError.at(path, f"label {i} ({label!r:.80}) is not an object with a "
+                                        "string \"name\" and a boolean \"evaluate\"",
+                                        EXPECTED_LAYOUT)
+        if label["evaluate"]:
+            mapping[i] = len(classes)
+            readable = label.get("readable")
+            classes.append(readable if isinstance(readable, str) else label["name"])
+            names.append(label["name"])
+    if not classes:
+        raise DatasetLayoutError.at(path, "no label has \"evaluate\": true", EXPECTED_LAYOUT)
+    if len(classes) >= IGNORE_INDEX:
+        raise DatasetLayoutError.at(path, f"{len(classes)} evaluated labels; train ids must stay "
+                                    f"below the void id {IGNORE_INDEX}", EXPECTED_LAYOUT)
+    return classes, names, make_lut(mapping, len(classes))
+
+
+class Vistas(SegmentationDataset):
+    """One split (``"training"``, ``"validation"`` or ``"testing"``) of a Vistas tree.
+
+    Items are ``(image, target)`` (see :class:`~.segmentation.SegmentationDataset`): train
+    ids of the evaluated labels of ``root/config.json``, 255 for the others and for every
+    pixel of ``testing``.
+    """
+
+    def __init__(self, root, split, transform=None):
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        root = Path(root)
+        if not root.is_dir():
+            raise DatasetLayoutError.at(root, "no such folder", EXPECTED_LAYOUT)
+        self.split = split
+        classes, self.names, lut = read_config(root / "config.json")
+        image_dir = root / split / "images"
+        if not image_dir.is_dir():
+            raise DatasetLayoutError.at(image_dir, "no such folder", EXPECTED_LAYOUT)
+        images = sorted(p for p in image_dir.iterdir()
+                        if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+        if not images:
+            raise DatasetLayoutError.at(image_dir, "holds no .jpg images", EXPECTED_LAYOUT)
+        if split in LABELLED_SPLITS:
+            label_dir = root / split / "labels"
+            if not label_dir.is_dir():
+                raise DatasetLayoutError.at(label_dir, "no such folder", EXPECTED_LAYOUT)
+            samples = []
+            for image in images:
+                label = label_dir / (image.stem + ".png")
+                if not label.is_file():
+                    raise DatasetLayoutError.at(label, f"missing label map for image {image}",
+                                                EXPECTED_LAYOUT)
+                samples.append((image, label))
+        else:
+            samples = [(image, None) for image in images]
+        super().__init__(samples, classes, lut, transform, root=root, expected=EXPECTED_LAYOUT)
+
+
+__all__ = ["EXPECTED_LAYOUT", "LABELLED_SPLITS", "SPLITS", "Vistas", "read_config"]

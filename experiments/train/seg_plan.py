@@ -1,0 +1,130 @@
+"""What the Snakefile needs to plan InPlace-ABN Table 2's segmentation training: each point's
+recipe, which capacity point and which ImageNet checkpoint it takes, and its command line.
+Importing this module is cheap (no torch): the Snakefile imports it when parsed.
+
+The profile section ``iabn_table2_segmentation`` holds ``defaults`` (the recipe every point
+shares), ``pretrained`` (body -> the ``iabn_table1_imagenet`` point whose weights start it),
+``top`` (Table 2 top: ``bodies`` x ``datasets``, each dataset's entry overriding the defaults,
+x the four batch compilations of :data:`CONFIGS`) and ``bottom`` (Table 2 bottom: point name ->
+the keys it overrides, including ``body``, ``norm``, ``dataset``, ``crops`` and ``crop``).
+
+A top point takes its crops and crop size from the capacity point of the same body (the
+norm and mode in :data:`CONFIGS`), so Table 2's brackets and its mIoU come from one chain; a
+bottom point (the paper's tuned runs) states them. Every point's body has the architecture
+arguments (``width``, ``preact``) of its ImageNet point, so the checkpoint fits.
+"""
+import shlex
+
+from .plan import launcher, model_arg_options
+
+#: Table 2 top's batch compilations: name -> (norm, the capacity point's norm and mode).
+CONFIGS = {
+    "bn_fixed_crop": ("bn", "bn_fixed_crop"),
+    "iabn_fixed_crop": ("iabn", "iabn_fixed_crop"),
+    "iabn_fixed_batch": ("iabn", "iabn_fixed_batch"),
+    "iabn_sync_fixed_batch": ("iabn_sync", "iabn_fixed_batch"),
+}
+#: Body arguments a segmentation body shares with its ImageNet checkpoint.
+ARCHITECTURE_ARGS = ("width", "preact")
+
+
+def _body_args(body, pretrained, training):
+    point = pretrained[body]
+    if point not in training:
+        raise ValueError(f"iabn_table2_segmentation.pretrained.{body}={point!r}: not a point of "
+                         f"iabn_table1_imagenet (points: {sorted(training)})")
+    spec = training[point]
+    if spec["model"] != body:
+        raise ValueError(f"iabn_table2_segmentation.pretrained.{body}={point!r}: that point "
+                         f"trains {spec['model']!r}, not {body!r}")
+    return {k: v for k, v in spec["model_args"].items() if k in ARCHITECTURE_ARGS}
+
+
+def point_specs(section, training):
+    """``{point: spec}`` of the section; ``training`` is ``iabn_table1_imagenet``'s point specs
+    (:func:`.plan.point_specs`). Each spec has the recipe keys, ``body``, ``dataset``,
+    ``norm``, ``model_args`` (from the ImageNet point), ``pretrained`` (that point) and either
+    ``capacity`` (a capacity point name) or ``crops`` and ``crop``."""
+    defaults, pretrained = section["defaults"], section["pretrained"]
+    specs = {}
+    for body in section["top"]["bodies"]:
+        for dataset, overrides in section["top"]["datasets"].items():
+            for config, (norm, capacity) in CONFIGS.items():
+                specs[f"{body}_{dataset}_{config}"] = {
+                    **defaults, **overrides, "body": body, "dataset": dataset, "norm": norm,
+                    "config": config, "capacity": f"{body}_{capacity}"}
+    for name, overrides in section["bottom"].items():
+        if name in specs:
+            raise ValueError(f"iabn_table2_segmentation.bottom.{name}: the name of a top point")
+        specs[name] = {**defaults, **overrides, "config": "bottom", "capacity": None}
+    for name, spec in specs.items():
+        if spec["body"] not in pretrained:
+            raise ValueError(f"iabn_table2_segmentation: point {name} has body "
+                             f"{spec['body']!r}, which has no pretrained entry")
+        spec["pretrained"] = pretrained[spec["body"]]
+        spec["model_args"] = _body_args(spec["body"], pretrained, training)
+    return specs
+
+
+def check_capacity(specs, capacity):
+    """Raise ``ValueError`` unless each top point's body matches the capacity experiment's
+    networks (``width``; ResNeXt's ``layout``): the brackets must be those of the trained
+    network."""
+    for name, spec in specs.items():
+        if spec["capacity"] is None:
+            continue
+        args = spec["model_args"]
+        if args.get("width", 1.0) != capacity["width"]:
+            raise ValueError(f"iabn_table2_segmentation point {name}: body width "
+                             f"{args.get('width', 1.0)} (from its ImageNet point) differs from "
+                             f"iabn_table2_capacity.width {capacity['width']}")
+        if spec["body"] == "resnext101" and args.get("preact", False) != (
+                capacity["layout"] == "preact"):
+            raise ValueError(f"iabn_table2_segmentation point {name}: ResNeXt-101 "
+                             f"preact={args.get('preact', False)} (from its ImageNet point) but "
+                             f"iabn_table2_capacity.layout is {capacity['layout']!r}")
+
+
+def _value(value):
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def arguments(spec, data_root, pretrained_weights, capacity_json):
+    """The options of one point (:mod:`experiments.train.seg_point`)."""
+    args = ["--dataset", spec["dataset"], "--data", data_root, "--body", spec["body"],
+            "--norm", spec["norm"], "--output-stride", spec["output_stride"],
+            "--pretrained", pretrained_weights, "--epochs", spec["epochs"], "--lr", spec["lr"],
+            "--poly-power", spec["poly_power"], "--momentum", spec["momentum"],
+            "--weight-decay", spec["weight_decay"], "--bootstrap-p", spec["bootstrap_p"],
+            "--bootstrap-m", spec["bootstrap_m"], "--scale", *spec["scale"],
+            "--workers", spec["workers"], "--seed", spec["seed"], "--device", spec["device"],
+            "--dtype", spec["dtype"], "--threads", spec["threads"]]
+    args += model_arg_options(spec["model_args"])
+    if capacity_json is not None:
+        args += ["--capacity", capacity_json]
+    else:
+        args += ["--crops", spec["crops"], "--crop", spec["crop"]]
+    if spec["class_uniform"]:
+        args.append("--class-uniform")
+    if spec["coarse"]:
+        args.append("--coarse")
+    for name, ev in spec["evals"].items():
+        scales = ",".join(_value(s) for s in ev["scales"])
+        args += ["--eval", f"{name}={scales}:{'flip' if ev['flip'] else 'noflip'}"]
+    if spec["eval_window"] is not None:
+        args += ["--eval-window", spec["eval_window"]]
+    return [str(a) for a in args]
+
+
+def command(experiment, spec, data_root, pretrained_weights, capacity_json, outputs):
+    """The shell command that trains one point on ``spec["devices"]`` ranks; ``outputs`` maps
+    ``out``, ``epochs_csv``, ``weights``, ``work_dir`` to paths."""
+    words = [*launcher(spec["devices"]), f"experiments.{experiment}",
+             *arguments(spec, data_root, pretrained_weights, capacity_json)]
+    for key in ("out", "epochs_csv", "weights", "work_dir"):
+        words += [f"--{key.replace('_', '-')}", str(outputs[key])]
+    return shlex.join(words)
+
+
+__all__ = ["ARCHITECTURE_ARGS", "CONFIGS", "arguments", "check_capacity", "command",
+           "point_specs"]
