@@ -22,8 +22,8 @@ exactly as in ``nn.BatchNorm2d``, so weights trained with standard BN load uncha
 in-place layer then refuses (without touching its input) to run a differentiable forward in
 which some ``|weight| < eps``, because such a scale cannot be inverted reliably in backward.
 On the CPU kernels the check is immediate; on the CUDA kernels it runs on the device, without
-a host synchronisation, and the error comes at the latest in backward (see
-:class:`_DeviceCheck` and :func:`check_pending`).
+a host synchronisation, and the error comes when the host can read the device's result: in the
+backward or a later forward, or at once by :func:`check_pending` (see :class:`_DeviceCheck`).
 
 With ``group`` set and ``torch.distributed`` initialised, ``inplace_abn`` (and ``abn``, out of
 place) combines the batch statistics and the two backward reductions across the ranks of
@@ -185,9 +185,13 @@ class _DeviceCheck:
     * in the layer's next differentiable forward, if ready (:func:`_settle_ready`);
     * in its backward, if ready; else the backward runs with NaN gradients where the flag is
       set (never silent garbage from an unwritten output) and the result is read at the end of
-      the backward pass, waiting for the event if the device has still not finished that
-      forward. By then the whole backward is queued behind it, so the device does not idle;
-    * by :func:`check_pending`, at once.
+      the backward pass if ready by then. The host never waits for it: a host running ahead of
+      the device raises the refusal in a later forward of the layer, when the result has
+      arrived (the optimizer step in between applies the NaN gradients: the refused layer's
+      parameters become NaN, so its later forwards are refused too and the loss is NaN);
+    * by :func:`check_pending`, at once, waiting for the device if need be: call it before
+      ``optimizer.step()`` to keep a refused step's NaN gradients from the parameters, at the
+      cost of waiting for the device to finish that step's forward.
 
     Under ``LAYERS_KERNELS=cudasim`` the tensors are on the CPU: the same path runs, with the
     flag read where it lies (computed synchronously, so always ready).
@@ -266,8 +270,9 @@ def _settle_ready(weight):
 
 
 def _settle_after_backward(check):
-    """Reads ``check`` (waiting if need be) when the running backward pass has finished."""
-    torch.autograd.Variable._execution_engine.queue_callback(lambda: _settle(check, wait=True))
+    """Reads ``check`` when the running backward pass has finished, if the device has reported
+    it by then; else it stays pending (:class:`_DeviceCheck`)."""
+    torch.autograd.Variable._execution_engine.queue_callback(lambda: _settle(check, wait=False))
 
 
 def check_pending():
@@ -275,8 +280,11 @@ def check_pending():
     check the host has not read yet, waiting for the device if need be.
 
     On the CUDA kernels the ``|weight| >= eps`` check runs on the device and a refusal is
-    raised at the latest in the backward pass (see :class:`_DeviceCheck`); call this where you
-    want it sooner, e.g. after a forward that no backward follows. Nothing to do on the CPU.
+    raised when the host can read its result without waiting (see :class:`_DeviceCheck`);
+    call this where you want it for certain, e.g. before ``optimizer.step()`` (so that a
+    refused step's NaN gradients never reach the parameters) or after a forward that no
+    backward follows. It waits for the device only as far as the checked forwards (an event,
+    not a full synchronisation). Nothing to do on the CPU.
     """
     with _lock:
         checks = [check for checks in _pending.values() for check in checks]

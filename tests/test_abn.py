@@ -602,9 +602,11 @@ def test_bn_scale_refusal_raised_at_next_forward_and_by_check_pending():
 @device_checked
 def test_bn_scale_refusal_when_the_device_is_behind(monkeypatch):
     """The host reaches backward before the device has read the weight: the backward runs with
-    NaN gradients (never garbage from the unwritten output) and raises when it ends."""
+    NaN gradients (never garbage from the unwritten output) without waiting for the device;
+    the refusal stays pending until the host can read it (here: check_pending, which waits)."""
     waits = []
-    monkeypatch.setattr(layers.functional, "_ready", lambda check: False)
+    ready = [False]
+    monkeypatch.setattr(layers.functional, "_ready", lambda check: ready[0])
     monkeypatch.setattr(layers.functional, "_wait", lambda check: waits.append(check))
     layer, running = refused_layer()
     leaf = small_input().detach().requires_grad_()
@@ -612,11 +614,18 @@ def test_bn_scale_refusal_when_the_device_is_behind(monkeypatch):
     before = x.detach().clone()
     out = layer(x)
     assert torch.equal(out.detach(), before) and torch.equal(layer.running_mean, running[0])
-    with pytest.raises(ValueError, match=REFUSAL):
-        out.sum().backward()
-    assert len(waits) == 1  # read once, when the backward pass had been queued
+    out.sum().backward()  # the device has not reported: nothing raised, nothing waited for
+    assert waits == []
     assert torch.isnan(leaf.grad).all()
     assert torch.isnan(layer.weight.grad).all() and torch.isnan(layer.bias.grad).all()
+    layer(small_input())  # still not reported: the next forward does not wait either
+    assert waits == []
+    with pytest.raises(ValueError, match=REFUSAL):
+        layers.functional.check_pending()  # waits for the device, then raises
+    assert len(waits) == 1
+    ready[0] = True
+    with pytest.raises(ValueError, match=REFUSAL):
+        layer(small_input())  # the second forward's refusal, read once reported
     layers.functional.check_pending()  # nothing left
 
 
@@ -723,9 +732,9 @@ def test_weight_check_does_not_synchronise_a_gpu():
         torch.cuda.set_sync_debug_mode("error")
         try:
             out = layer(conv(x))  # a new weight version each time: checked on the device
+            out.sum().backward()  # reads the check's result only if it has arrived
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        out.sum().backward()
         optimizer.step()
     with torch.no_grad():
         layer.weight[3] = 0.0

@@ -34,8 +34,10 @@ def _specs(profile):
 def test_every_table2_cell_and_bottom_row_is_a_point(profile):
     config = _profile(profile)
     specs = _specs(config)
-    top = [f"{b}_{d}_{c}" for b in ("resnext101", "wideresnet38")
-           for d in ("cityscapes", "cocostuff") for c in seg_plan.CONFIGS]
+    cocostuff = ("wideresnet38",) if profile == "smoke" else ("resnext101", "wideresnet38")
+    top = [f"{b}_cityscapes_{c}" for b in ("resnext101", "wideresnet38")
+           for c in seg_plan.CONFIGS]
+    top += [f"{b}_cocostuff_{c}" for b in cocostuff for c in seg_plan.CONFIGS]
     assert sorted(specs) == sorted(top + ["bottom_cityscapes", "bottom_cityscapes_cus",
                                           "bottom_vistas_cus"])
     # each top cell takes its batch compilation from the same body's capacity point
@@ -44,6 +46,7 @@ def test_every_table2_cell_and_bottom_row_is_a_point(profile):
     assert specs["wideresnet38_cocostuff_bn_fixed_crop"]["capacity"] == \
         "wideresnet38_bn_fixed_crop"
     assert specs["wideresnet38_cocostuff_bn_fixed_crop"]["norm"] == "bn"
+    assert "bodies" not in specs["wideresnet38_cocostuff_bn_fixed_crop"]
     assert specs["bottom_cityscapes_cus"]["class_uniform"] is True
     assert specs["bottom_cityscapes"]["capacity"] is None
     # bodies have their ImageNet point's architecture, which matches the capacity networks
@@ -131,3 +134,62 @@ def test_table2_brackets_are_relative_to_the_std_bn_row():
     assert list(table["config"]) == list(experiment.ROWS)
     assert table["increase_pct"].tolist() == pytest.approx(
         [0.0, 75.0, 100 * (168 ** 2 / 128 ** 2 - 1), 100 * (168 ** 2 / 128 ** 2 - 1)])
+
+
+# --------------------------------------------------------------------------- command line
+def _run_point(*args):
+    return subprocess.run([sys.executable, "-m", "experiments.iabn_table2_segmentation", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def cityscapes_tree(tmp_path_factory):
+    from experiments.train.data import generate_cityscapes
+    root = tmp_path_factory.mktemp("seg") / "cityscapes"
+    generate_cityscapes(root, train_images=4, val_images=2, size=(64, 32))
+    return root
+
+
+def _outputs(tmp_path):
+    return ["--out", str(tmp_path / "p.json"), "--epochs-csv", str(tmp_path / "p.csv"),
+            "--weights", str(tmp_path / "p.pt"), "--work-dir", str(tmp_path / "w")]
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], "--crops and --crop (or --capacity) are required"),
+    (["--crops", "2", "--crop", "32", "--coarse", "--dataset", "vistas"], "--coarse: Cityscapes"),
+    (["--crops", "2", "--crop", "32", "--eval", "a=1:flip", "--eval", "a=2:noflip"],
+     "must be unique"),
+    (["--crops", "2", "--crop", "32", "--eval", "single=one:noflip"], "NAME=SCALES"),
+    (["--crops", "2", "--crop", "32", "--scale", "2", "1"], "0 < MIN <= MAX"),
+    (["--crops", "2", "--crop", "32", "--pretrained", "/nonexistent.pt"], "no such file"),
+])
+def test_bad_options_are_named(cityscapes_tree, tmp_path, extra, message):
+    args = ["--dataset", "cityscapes", "--data", str(cityscapes_tree), "--body", "resnext101",
+            "--norm", "iabn", "--epochs", "1", *_outputs(tmp_path), *extra]
+    result = _run_point(*args)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert message in result.stderr
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_a_capacity_file_of_another_experiment_is_refused(cityscapes_tree, tmp_path):
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"experiment": "densenet_fig4_memory", "config": {},
+                                 "results": [{"kind": "capacity", "crops": 2,
+                                              "crop_size": 32}]}))
+    result = _run_point("--dataset", "cityscapes", "--data", str(cityscapes_tree), "--body",
+                        "resnext101", "--norm", "iabn", "--epochs", "1", "--capacity",
+                        str(other), *_outputs(tmp_path))
+    assert result.returncode == 2 and "expected iabn_table2_capacity" in result.stderr
+
+
+def test_a_checkpoint_of_another_layout_is_refused_before_training(cityscapes_tree, tmp_path):
+    weights = tmp_path / "postact.pt"
+    torch.save(layers.resnext101(num_classes=4, width=0.03125).state_dict(), weights)
+    result = _run_point("--dataset", "cityscapes", "--data", str(cityscapes_tree), "--body",
+                        "resnext101", "--model-arg", "width=0.03125", "--model-arg",
+                        "preact=true", "--norm", "iabn", "--epochs", "1", "--crops", "2",
+                        "--crop", "32", "--pretrained", str(weights), *_outputs(tmp_path))
+    assert result.returncode == 2 and f"--pretrained {weights}" in result.stderr
+    assert not (tmp_path / "p.json").exists() and not (tmp_path / "w").exists()

@@ -43,6 +43,7 @@ def _row(point, body, dataset, config, crops, crop_size, miou, *, full, evaluati
         "output_stride": 8, "crops_per_device": per_device, "crop_size": crop_size,
         "class_uniform": class_uniform, "coarse": False,
         "epochs": segmentation_claims.EPOCHS[dataset] if full else 8, "lr": 2.5e-3,
+        "bootstrap_p": 1.0, "bootstrap_m": 0.25 if full else 1.0,
         "device": "cuda" if full else "cpu", "env_device_name": "a device",
         "eval": evaluation, "scales": scales, "flip": flip, "miou_pct": miou,
         "pixel_accuracy_pct": 90.0, "images": 500, "iou_per_class_pct": json.dumps([miou] * 3),
@@ -288,12 +289,15 @@ def test_a_smoke_run_is_not_measured_at_the_claimed_setting_and_shows_what_it_me
                                  "BATCH, 16 x 672^2 [+72%])")
 
 
-def test_the_setting_needs_the_papers_epochs_and_a_full_width_body(artifacts):
+def test_the_setting_needs_the_papers_epochs_width_and_bootstrapping(artifacts):
     frame = seg_frame(full=True)
     write(artifacts, "short-cuda", frame.assign(epochs=frame["epochs"] // 2))
     write(artifacts, "narrow-cuda", frame.assign(model_args='{"width": 0.5}'))
     write(artifacts, "wide-cuda", frame.assign(model_args='{"width": 1.0}'))
+    write(artifacts, "plain-cuda", frame.assign(bootstrap_m=1.0))
     got = outcomes(artifacts)
+    assert got[("iabn_table2_wideresnet38_cocostuff_iabn_fixed_batch", "plain-cuda")].reason \
+        == "trained with bootstrap_m=1 (the paper: 0.25)"
     claim_id = "iabn_table2_wideresnet38_cocostuff_iabn_fixed_batch"
     assert got[(claim_id, "short-cuda")].reason == "trained 15 epochs (the paper: 30)"
     assert got[(claim_id, "narrow-cuda")].reason == ("trained a body of width 0.5 (the paper: "

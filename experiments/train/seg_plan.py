@@ -4,8 +4,8 @@ Importing this module is cheap (no torch): the Snakefile imports it when parsed.
 
 The profile section ``iabn_table2_segmentation`` holds ``defaults`` (the recipe every point
 shares), ``pretrained`` (body -> the ``iabn_table1_imagenet`` point whose weights start it),
-``top`` (Table 2 top: ``bodies`` x ``datasets``, each dataset's entry overriding the defaults,
-x the four batch compilations of :data:`CONFIGS`) and ``bottom`` (Table 2 bottom: point name ->
+``top`` (Table 2 top: ``bodies`` x ``datasets``, each dataset's entry overriding the defaults
+and optionally naming its own ``bodies``, x the four batch compilations of :data:`CONFIGS`) and ``bottom`` (Table 2 bottom: point name ->
 the keys it overrides, including ``body``, ``norm``, ``dataset``, ``crops`` and ``crop``).
 
 A top point takes its crops and crop size from the capacity point of the same body (the
@@ -47,8 +47,10 @@ def point_specs(section, training):
     ``capacity`` (a capacity point name) or ``crops`` and ``crop``."""
     defaults, pretrained = section["defaults"], section["pretrained"]
     specs = {}
-    for body in section["top"]["bodies"]:
-        for dataset, overrides in section["top"]["datasets"].items():
+    for dataset, overrides in section["top"]["datasets"].items():
+        overrides = dict(overrides)
+        bodies = overrides.pop("bodies", section["top"]["bodies"])
+        for body in bodies:
             for config, (norm, capacity) in CONFIGS.items():
                 specs[f"{body}_{dataset}_{config}"] = {
                     **defaults, **overrides, "body": body, "dataset": dataset, "norm": norm,
