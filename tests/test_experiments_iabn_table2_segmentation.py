@@ -155,6 +155,13 @@ def _outputs(tmp_path):
             "--weights", str(tmp_path / "p.pt"), "--work-dir", str(tmp_path / "w")]
 
 
+def _check(*args):
+    """Parse and check the point's options in this process (argparse exits with status 2)."""
+    from experiments.train import seg_point
+    p = seg_point.parser(experiment.EXPERIMENT, "test")
+    return seg_point.check(p, p.parse_args([str(a) for a in args]))
+
+
 @pytest.mark.parametrize("extra, message", [
     ([], "--crops and --crop (or --capacity) are required"),
     (["--crops", "2", "--crop", "32", "--coarse", "--dataset", "vistas"], "--coarse: Cityscapes"),
@@ -163,25 +170,31 @@ def _outputs(tmp_path):
     (["--crops", "2", "--crop", "32", "--eval", "single=one:noflip"], "NAME=SCALES"),
     (["--crops", "2", "--crop", "32", "--scale", "2", "1"], "0 < MIN <= MAX"),
     (["--crops", "2", "--crop", "32", "--pretrained", "/nonexistent.pt"], "no such file"),
+    (["--crops", "0", "--crop", "32"], "--crops 0: must be >= 1"),
 ])
-def test_bad_options_are_named(cityscapes_tree, tmp_path, extra, message):
-    args = ["--dataset", "cityscapes", "--data", str(cityscapes_tree), "--body", "resnext101",
-            "--norm", "iabn", "--epochs", "1", *_outputs(tmp_path), *extra]
-    result = _run_point(*args)
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert message in result.stderr
-    assert not (tmp_path / "p.json").exists()
+def test_bad_options_are_named(cityscapes_tree, tmp_path, capsys, extra, message):
+    with pytest.raises(SystemExit) as exit_:
+        _check("--dataset", "cityscapes", "--data", cityscapes_tree, "--body", "resnext101",
+               "--norm", "iabn", "--epochs", "1", *_outputs(tmp_path), *extra)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_a_capacity_file_of_another_experiment_is_refused(cityscapes_tree, tmp_path):
-    other = tmp_path / "other.json"
-    other.write_text(json.dumps({"experiment": "densenet_fig4_memory", "config": {},
-                                 "results": [{"kind": "capacity", "crops": 2,
-                                              "crop_size": 32}]}))
-    result = _run_point("--dataset", "cityscapes", "--data", str(cityscapes_tree), "--body",
-                        "resnext101", "--norm", "iabn", "--epochs", "1", "--capacity",
-                        str(other), *_outputs(tmp_path))
-    assert result.returncode == 2 and "expected iabn_table2_capacity" in result.stderr
+def test_capacity_sets_crops_and_another_experiments_file_is_refused(cityscapes_tree, tmp_path,
+                                                                     capsys):
+    options = ["--dataset", "cityscapes", "--data", cityscapes_tree, "--body", "resnext101",
+               "--norm", "iabn", "--epochs", "1", *_outputs(tmp_path)]
+    capacity = tmp_path / "capacity.json"
+    record = {"experiment": "iabn_table2_capacity", "config": {"mode": "fixed_crop"},
+              "results": [{"kind": "measurement", "crops": 9, "crop_size": 8},
+                          {"kind": "capacity", "crops": 7, "crop_size": 128}]}
+    capacity.write_text(json.dumps(record))
+    args = _check(*options, "--capacity", capacity)
+    assert (args.crops, args.crop) == (7, 128)
+    assert args.capacity_config["capacity_mode"] == "fixed_crop"
+    capacity.write_text(json.dumps({**record, "experiment": "densenet_fig4_memory"}))
+    with pytest.raises(SystemExit):
+        _check(*options, "--capacity", capacity)
+    assert "expected iabn_table2_capacity" in capsys.readouterr().err
 
 
 def test_a_checkpoint_of_another_layout_is_refused_before_training(cityscapes_tree, tmp_path):

@@ -115,6 +115,7 @@ def arguments(spec, data_root, pretrained_weights, capacity_json):
         args += ["--eval", f"{name}={scales}:{'flip' if ev['flip'] else 'noflip'}"]
     if spec["eval_window"] is not None:
         args += ["--eval-window", spec["eval_window"]]
+    args += ["--eval-every", spec["eval_every"]]
     return [str(a) for a in args]
 
 
