@@ -21,19 +21,28 @@ EXPERIMENTS["iabn_table2_segmentation"] = {"points": list(SEGMENTATION),
                                            "notebooks": ["iabn_table2_segmentation"]}
 
 
+def chained_inputs(spec):
+    """``(ImageNet weights, capacity point JSON or None)`` a point's command reads."""
+    capacity = spec["capacity"]
+    return (paths.weights("iabn_table1_imagenet", RUN, spec["pretrained"]),
+            None if capacity is None else paths.point_json("iabn_table2_capacity", RUN, capacity))
+
+
 def segmentation_inputs(wildcards):
     spec = SEGMENTATION[wildcards.point]
-    inputs = {"data": dataset_inputs(spec["dataset"]),
-              "pretrained": paths.weights("iabn_table1_imagenet", RUN, spec["pretrained"])}
-    if spec["capacity"] is not None:
-        inputs["capacity"] = paths.point_json("iabn_table2_capacity", RUN, spec["capacity"])
+    pretrained, capacity = chained_inputs(spec)
+    inputs = {"data": dataset_inputs(spec["dataset"]), "pretrained": pretrained}
+    if capacity is not None:
+        inputs["capacity"] = capacity
     return inputs
 
 
-def segmentation_command(wildcards, input):
+def segmentation_command(wildcards):
+    # A function of the wildcards only: Snakemake records such params, so a changed profile
+    # value reruns the point (params that read `input` are not recorded).
     spec = SEGMENTATION[wildcards.point]
     return seg_plan.command("iabn_table2_segmentation", spec, dataset_root(spec["dataset"]),
-                            input.pretrained, input.get("capacity"),
+                            *chained_inputs(spec),
                             training_outputs("iabn_table2_segmentation", wildcards.point))
 
 
