@@ -66,15 +66,20 @@ def generate_command(dataset, spec, out):
     return shlex.join(words)
 
 
-def command(experiment, spec, data_root, outputs):
-    """The shell command that trains one point; ``outputs`` maps ``out``, ``epochs_csv``,
-    ``weights``, ``work_dir`` to paths."""
-    words = [*launcher(spec["nproc"]), f"experiments.{experiment}",
-             *arguments(spec, data_root)]
+def training_command(experiment, nproc, arguments, outputs):
+    """``experiments.<experiment>`` on ``nproc`` ranks with ``arguments`` and the outputs of a
+    training point (``outputs`` maps ``out``, ``epochs_csv``, ``weights``, ``work_dir`` to
+    paths), as one shell command."""
+    words = [*launcher(nproc), f"experiments.{experiment}", *arguments]
     for key in ("out", "epochs_csv", "weights", "work_dir"):
         words += [f"--{key.replace('_', '-')}", str(outputs[key])]
     return shlex.join(words)
 
 
+def command(experiment, spec, data_root, outputs):
+    """The shell command that trains one point (:func:`training_command`)."""
+    return training_command(experiment, spec["nproc"], arguments(spec, data_root), outputs)
+
+
 __all__ = ["point_specs", "model_arg_options", "launcher", "arguments", "generate_command",
-           "command"]
+           "training_command", "command"]

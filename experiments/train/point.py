@@ -109,12 +109,18 @@ def parser(experiment, description, *, model=None, datasets=DATASETS):
     recipe.add_argument("--momentum", type=float, default=0.9)
     recipe.add_argument("--weight-decay", type=float, default=1e-4)
     recipe.add_argument("--seed", type=int, default=point.SEED)
+    add_output_options(p)
+    return p
+
+
+def add_output_options(p):
+    """A training point's outputs besides ``--out``: ``--epochs-csv``, ``--weights``,
+    ``--work-dir``."""
     out = p.add_argument_group("outputs")
     out.add_argument("--epochs-csv", type=Path, required=True, help="per-epoch metrics (CSV)")
     out.add_argument("--weights", type=Path, required=True, help="trained state dict (.pt)")
     out.add_argument("--work-dir", type=Path, required=True,
                      help="resumable checkpoint of an unfinished run")
-    return p
 
 
 def check(p, args):
@@ -225,5 +231,5 @@ def main(experiment, description, argv=None, **parser_options):
 
 
 __all__ = ["DATASETS", "NORMS", "SCHEDULES", "key_value", "add_model_arg_option",
-           "add_model_options", "parser", "check", "datasets", "recipe",
+           "add_model_options", "add_output_options", "parser", "check", "datasets", "recipe",
            "configuration", "evaluations", "run", "main"]

@@ -13,9 +13,7 @@ norm and mode in :data:`CONFIGS`), so Table 2's brackets and its mIoU come from 
 bottom point (the paper's tuned runs) states them. Every point's body has the architecture
 arguments (``width``, ``preact``) of its ImageNet point, so the checkpoint fits.
 """
-import shlex
-
-from .plan import launcher, model_arg_options
+from .plan import model_arg_options, training_command
 
 #: Table 2 top's batch compilations: name -> (norm, the capacity point's norm and mode).
 CONFIGS = {
@@ -120,13 +118,11 @@ def arguments(spec, data_root, pretrained_weights, capacity_json):
 
 
 def command(experiment, spec, data_root, pretrained_weights, capacity_json, outputs):
-    """The shell command that trains one point on ``spec["devices"]`` ranks; ``outputs`` maps
-    ``out``, ``epochs_csv``, ``weights``, ``work_dir`` to paths."""
-    words = [*launcher(spec["devices"]), f"experiments.{experiment}",
-             *arguments(spec, data_root, pretrained_weights, capacity_json)]
-    for key in ("out", "epochs_csv", "weights", "work_dir"):
-        words += [f"--{key.replace('_', '-')}", str(outputs[key])]
-    return shlex.join(words)
+    """The shell command that trains one point on ``spec["devices"]`` ranks
+    (:func:`.plan.training_command`)."""
+    return training_command(experiment, spec["devices"],
+                            arguments(spec, data_root, pretrained_weights, capacity_json),
+                            outputs)
 
 
 __all__ = ["ARCHITECTURE_ARGS", "CONFIGS", "arguments", "check_capacity", "command",

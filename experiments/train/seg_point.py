@@ -48,7 +48,7 @@ from ..records import point
 from ..records.atomic import atomic_path
 from . import engine
 from .data import cityscapes, class_uniform, cocostuff, seg_transforms, vistas
-from .point import add_model_arg_option
+from .point import add_model_arg_option, add_output_options
 from .segmentation import OnlineBootstrappedCrossEntropy, evaluate_segmentation
 
 #: dataset -> (class, training split, validation split).
@@ -141,11 +141,7 @@ def parser(experiment, description):
                                  "whole images)")
     evaluation.add_argument("--eval-every", type=int, default=1,
                             help="evaluate every N epochs (and after the last)")
-    out = p.add_argument_group("outputs")
-    out.add_argument("--epochs-csv", type=Path, required=True, help="per-epoch metrics (CSV)")
-    out.add_argument("--weights", type=Path, required=True, help="trained state dict (.pt)")
-    out.add_argument("--work-dir", type=Path, required=True,
-                     help="resumable checkpoint of an unfinished run")
+    add_output_options(p)
     return p
 
 

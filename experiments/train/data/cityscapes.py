@@ -26,7 +26,7 @@ is an error there).
 from pathlib import Path
 
 from .errors import DatasetLayoutError
-from .segmentation import SegmentationDataset, make_lut
+from .segmentation import SegmentationDataset, make_lut, partner
 
 SPLITS = ("train", "val", "test")
 
@@ -76,12 +76,8 @@ def _samples(root, split, label_folder, label_suffix, labels_required):
                                         EXPECTED_LAYOUT)
         for image in images:
             label = label_city / (image.name[:-len(IMAGE_SUFFIX)] + label_suffix)
-            if not label.is_file():
-                if labels_required:
-                    raise DatasetLayoutError.at(label, f"missing label file for image {image}",
-                                                EXPECTED_LAYOUT)
-                label = None
-            samples.append((image, label))
+            samples.append((image, partner(image, label, "label file", EXPECTED_LAYOUT,
+                                           labels_required)))
     return samples
 
 

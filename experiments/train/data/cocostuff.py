@@ -24,7 +24,7 @@ folders of the split exist, the pixel-map folder holds ``*.png`` maps, every map
 from pathlib import Path
 
 from .errors import DatasetLayoutError
-from .segmentation import SegmentationDataset, make_lut
+from .segmentation import SegmentationDataset, make_lut, partner
 
 SPLITS = ("train", "val")
 
@@ -77,13 +77,8 @@ class COCOStuff(SegmentationDataset):
         labels = sorted(p for p in label_dir.iterdir() if p.suffix == ".png" and p.is_file())
         if not labels:
             raise DatasetLayoutError.at(label_dir, "holds no .png pixel maps", EXPECTED_LAYOUT)
-        samples = []
-        for label in labels:
-            image = image_dir / (label.stem + ".jpg")
-            if not image.is_file():
-                raise DatasetLayoutError.at(image, f"missing image for pixel map {label}",
-                                            EXPECTED_LAYOUT)
-            samples.append((image, label))
+        samples = [(partner(label, image_dir / (label.stem + ".jpg"), "image", EXPECTED_LAYOUT),
+                    label) for label in labels]
         super().__init__(samples, CLASSES, LUT, transform, root=root, expected=EXPECTED_LAYOUT)
 
 

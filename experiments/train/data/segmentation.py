@@ -77,6 +77,17 @@ def read_label(path, expected):
         "('P') PNG of label values", expected)
 
 
+def partner(path, other, what, expected, required=True):
+    """The file ``other`` that goes with ``path`` (its label map, or its image), if it exists;
+    else a :class:`DatasetLayoutError` naming ``other`` as the missing ``what`` of ``path``
+    (``required``), or ``None``."""
+    if other.is_file():
+        return other
+    if required:
+        raise DatasetLayoutError.at(other, f"missing {what} for {path}", expected)
+    return None
+
+
 class SegmentationDataset(torch.utils.data.Dataset):
     """Samples ``(image_path, label_path or None)`` with a label lookup table and class names.
 
@@ -161,5 +172,6 @@ class SegmentationDataset(torch.utils.data.Dataset):
                 f"classes={self.num_classes})")
 
 
-__all__ = ["IGNORE_INDEX", "LABEL_MODES", "SegmentationDataset", "make_lut", "read_label",
+__all__ = ["IGNORE_INDEX", "LABEL_MODES", "SegmentationDataset", "make_lut", "partner",
+           "read_label",
            "read_rgb"]

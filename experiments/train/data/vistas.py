@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 
 from .errors import DatasetLayoutError
-from .segmentation import IGNORE_INDEX, SegmentationDataset, make_lut
+from .segmentation import IGNORE_INDEX, SegmentationDataset, make_lut, partner
 
 SPLITS = ("training", "validation", "testing")
 LABELLED_SPLITS = ("training", "validation")
@@ -104,13 +104,8 @@ class Vistas(SegmentationDataset):
             label_dir = root / split / "labels"
             if not label_dir.is_dir():
                 raise DatasetLayoutError.at(label_dir, "no such folder", EXPECTED_LAYOUT)
-            samples = []
-            for image in images:
-                label = label_dir / (image.stem + ".png")
-                if not label.is_file():
-                    raise DatasetLayoutError.at(label, f"missing label map for image {image}",
-                                                EXPECTED_LAYOUT)
-                samples.append((image, label))
+            samples = [(image, partner(image, label_dir / (image.stem + ".png"), "label map",
+                                       EXPECTED_LAYOUT)) for image in images]
         else:
             samples = [(image, None) for image in images]
         super().__init__(samples, classes, lut, transform, root=root, expected=EXPECTED_LAYOUT)
