@@ -279,10 +279,19 @@ EXPERIMENTS["iabn_table2_capacity"] = {
 }
 
 
+def std_bn_point(wildcards):
+    """FIXED BATCH keeps the STD-BN batch: the body's STD-BN FIXED CROP point, an input."""
+    if wildcards.mode != "fixed_batch":
+        return []
+    return [paths.point_json("iabn_table2_capacity", RUN, f"{wildcards.body}_bn_fixed_crop")]
+
+
 rule iabn_table2_capacity_point:
-    """InPlace-ABN Table 2 brackets: the largest batch (FIXED CROP) or crop (FIXED BATCH) of
-    one segmentation network and normalization within the memory budget."""
+    """InPlace-ABN Table 2 brackets: the largest batch (FIXED CROP) or crop (FIXED BATCH, at
+    the STD-BN FIXED CROP batch) of one segmentation network and normalization within the
+    memory budget."""
     input:
+        std_bn=std_bn_point,
         code=code("experiments.iabn_table2_capacity"),
     output:
         paths.point_json("iabn_table2_capacity", RUN, "{body}_{norm}_{mode}"),
@@ -299,14 +308,16 @@ rule iabn_table2_capacity_point:
         **cluster_resources(TABLE2),
     params:
         cfg=TABLE2,
-        batch=lambda wildcards: TABLE2["bodies"][wildcards.body]["batch"],
+        batch=lambda wildcards: (f"--batch-from {std_bn_point(wildcards)[0]}"
+                                 if wildcards.mode == "fixed_batch"
+                                 else f"--batch {TABLE2['bodies'][wildcards.body]['batch']}"),
         method="" if TABLE2["method"] is None else f"--method {TABLE2['method']}",
         fit_batches=" ".join(str(n) for n in TABLE2["fit_batches"]),
         fit_crops=" ".join(str(c) for c in TABLE2["fit_crops"]),
     shell:
         "python -m experiments.iabn_table2_capacity --body {wildcards.body}"
         " --norm {wildcards.norm} --mode {wildcards.mode} --crop {params.cfg[crop]}"
-        " --batch {params.batch} --budget-mib {params.cfg[budget_mib]}"
+        " {params.batch} --budget-mib {params.cfg[budget_mib]}"
         " --width {params.cfg[width]} --classes {params.cfg[classes]}"
         " --layout {params.cfg[layout]} {params.method} --crop-step {params.cfg[crop_step]}"
         " --fit-batches {params.fit_batches} --fit-crops {params.fit_crops}"

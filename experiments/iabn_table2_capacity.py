@@ -22,7 +22,9 @@ that fits ``--budget-mib`` of memory:
 
 * ``--mode fixed_crop``: the most crops (>= 2) of ``--crop`` x ``--crop`` pixels;
 * ``--mode fixed_batch``: the largest crop, a multiple of ``--crop-step`` (default 8, the output
-  stride), for ``--batch`` crops.
+  stride), for ``--batch`` crops. The paper's FIXED BATCH keeps the STD-BN batch (16 and 20
+  crops, the STD-BN rows): ``--batch-from`` takes ``--batch`` from this experiment's STD-BN
+  ``fixed_crop`` point of the same body, as the pipeline does.
 
 A *training step* is what one GPU does per iteration: forward of a batch of random crops,
 bilinear upsampling of the logits, cross-entropy against random labels, backward, and an SGD
@@ -72,9 +74,11 @@ post-activation layout (in which InPlace-ABN can drop fewer buffers: :mod:`layer
 """
 import functools
 import gc
+import json
 import math
 import time
 import weakref
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -120,6 +124,9 @@ def parse_args(argv=None):
                    help="crop size of fixed_crop (and where fixed_batch's search starts)")
     p.add_argument("--batch", type=int, default=4,
                    help="crops per batch of fixed_batch (and where fixed_crop's search starts)")
+    p.add_argument("--batch-from", type=Path,
+                   help="fixed_batch: take --batch from this STD-BN fixed_crop point of the same "
+                        "body (the paper's FIXED BATCH keeps the STD-BN batch)")
     p.add_argument("--budget-mib", type=float, required=True,
                    help="memory budget in MiB (paper: 12288, a 12 GB Titan Xp)")
     p.add_argument("--width", type=float, default=1.0,
@@ -141,6 +148,15 @@ def parse_args(argv=None):
                    help="fit, fixed_batch: crop sizes measured at --batch (default: 1/4, 1/2 "
                         "and 3/4 of --crop)")
     args = p.parse_args(argv)
+    args.batch_source = None
+    if args.batch_from is not None:
+        if args.mode != "fixed_batch":
+            p.error(f"--batch-from: fixed_batch only (got --mode {args.mode})")
+        try:
+            args.batch = std_bn_batch(args.batch_from, args.body)
+        except ValueError as error:
+            p.error(str(error))
+        args.batch_source = args.batch_from.stem
     point.check(p, args, positive=("crop", "batch", "classes", "crop_step"))
     if args.method is None:
         args.method = "search" if args.device == "cuda" else "fit"
@@ -165,6 +181,33 @@ def parse_args(argv=None):
         p.error(f"--budget-mib {args.budget_mib:g}: more than this GPU's "
                 f"{torch.cuda.mem_get_info()[1] / MIB:.0f} MiB")
     return args
+
+
+def capacity_record(path):
+    """``(config, capacity record)`` of a point artifact of this experiment; ``ValueError``
+    naming ``path`` if it is not one."""
+    try:
+        report = json.loads(Path(path).read_text(encoding="utf-8"))
+        record = next(r for r in report["results"] if r.get("kind") == "capacity")
+        config, crops, crop = report["config"], int(record["crops"]), int(record["crop_size"])
+    except (OSError, ValueError, KeyError, StopIteration, TypeError) as error:
+        raise ValueError(f"{path}: not an {EXPERIMENT} point artifact "
+                         f"({type(error).__name__}: {error})") from error
+    if report.get("experiment") != EXPERIMENT:
+        raise ValueError(f"{path}: an artifact of {report.get('experiment')!r}, expected "
+                         f"{EXPERIMENT}")
+    return config, {**record, "crops": crops, "crop_size": crop}
+
+
+def std_bn_batch(path, body):
+    """The crops of the STD-BN FIXED CROP point at ``path`` for ``body`` (``ValueError``
+    naming the file if it is another point)."""
+    config, record = capacity_record(path)
+    found = (config.get("body"), config.get("norm"), config.get("mode"))
+    if found != (body, "bn", "fixed_crop"):
+        raise ValueError(f"--batch-from {path}: a {'/'.join(map(str, found))} point, expected "
+                         f"{body}/bn/fixed_crop")
+    return record["crops"]
 
 
 # --------------------------------------------------------------------------- memory
@@ -504,7 +547,8 @@ def run(args):
     config = {"body": args.body, "norm": args.norm, "mode": args.mode,
               "layout": args.layout if args.body == "resnext101" else "preact",
               "method": METHODS[args.method], "fixed_crop": args.crop,
-              "fixed_batch": args.batch, "budget_mib": args.budget_mib, "budget_bytes": budget,
+              "fixed_batch": args.batch, "fixed_batch_from": args.batch_source,
+              "budget_mib": args.budget_mib, "budget_bytes": budget,
               "width": args.width, "classes": args.classes, "output_stride": args.output_stride,
               "crop_step": args.crop_step, "param_count": sum(p.numel() for p in params),
               "inplace_abn_layers": sum(isinstance(m, InPlaceABN)  # InPlaceABNSync too

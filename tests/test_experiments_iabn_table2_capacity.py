@@ -170,6 +170,33 @@ def test_method_defaults_to_fit_on_the_cpu(tmp_path):
     assert args.method == "fit" and args.fit_crops == [128, 256, 384]
 
 
+def _point_file(path, body, norm, mode, crops, experiment=EXPERIMENT):
+    path.write_text(json.dumps({
+        "experiment": experiment, "config": {"body": body, "norm": norm, "mode": mode},
+        "results": [{"kind": "capacity", "crops": crops, "crop_size": 128}]}))
+    return path
+
+
+def test_fixed_batch_keeps_the_std_bn_batch_of_its_point(tmp_path, capsys):
+    common = ["--norm", "iabn", "--budget-mib", "100", "--out", str(tmp_path / "p.json")]
+    std_bn = _point_file(tmp_path / "bn.json", "resnext101", "bn", "fixed_crop", 7)
+    args = parse_args(["--body", "resnext101", "--mode", "fixed_batch", "--batch-from",
+                       str(std_bn), *common])
+    assert args.batch == 7 and args.batch_source == "bn"
+    for argv, message in (
+            (["--body", "wideresnet38", "--mode", "fixed_batch"], "expected wideresnet38/bn"),
+            (["--body", "resnext101", "--mode", "fixed_crop"], "fixed_batch only")):
+        with pytest.raises(SystemExit):
+            parse_args([*argv, "--batch-from", str(std_bn), *common])
+        assert message in capsys.readouterr().err
+    other = _point_file(tmp_path / "other.json", "resnext101", "bn", "fixed_crop", 7,
+                        experiment="densenet_fig4_memory")
+    with pytest.raises(SystemExit):
+        parse_args(["--body", "resnext101", "--mode", "fixed_batch", "--batch-from",
+                    str(other), *common])
+    assert "expected iabn_table2_capacity" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------- real points
 @pytest.fixture(scope="module")
 def artifact_set(tmp_path_factory):

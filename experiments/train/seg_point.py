@@ -146,23 +146,17 @@ def parser(experiment, description):
 
 
 def read_capacity(path):
-    """``(crops, crop_size, record)`` of an ``iabn_table2_capacity`` point's JSON artifact;
+    """``(crops, crop_size, config)`` of an ``iabn_table2_capacity`` point's JSON artifact;
     raises ``ValueError`` naming the file if it is not one."""
+    from ..iabn_table2_capacity import capacity_record
     try:
-        report = json.loads(Path(path).read_text(encoding="utf-8"))
-        record = next(r for r in report["results"] if r.get("kind") == "capacity")
-        crops, crop = int(record["crops"]), int(record["crop_size"])
-        config = report["config"]
-    except (OSError, ValueError, KeyError, StopIteration, TypeError) as error:
-        raise ValueError(f"--capacity {path}: not an iabn_table2_capacity point artifact "
-                         f"({type(error).__name__}: {error})") from error
-    if report.get("experiment") != "iabn_table2_capacity":
-        raise ValueError(f"--capacity {path}: an artifact of {report.get('experiment')!r}, "
-                         "expected iabn_table2_capacity")
-    return crops, crop, {"capacity_point": Path(path).stem, "capacity_mode": config.get("mode"),
-                         "capacity_norm": config.get("norm"),
-                         "capacity_method": config.get("method"),
-                         "capacity_budget_mib": config.get("budget_mib")}
+        config, record = capacity_record(path)
+    except ValueError as error:
+        raise ValueError(f"--capacity {error}") from error
+    return record["crops"], record["crop_size"], {
+        "capacity_point": Path(path).stem, "capacity_mode": config.get("mode"),
+        "capacity_norm": config.get("norm"), "capacity_method": config.get("method"),
+        "capacity_budget_mib": config.get("budget_mib")}
 
 
 def check(p, args):
