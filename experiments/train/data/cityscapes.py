@@ -23,10 +23,9 @@ image folder of the split (and of ``train_extra``) exists and has city folders, 
 file. Images and label maps are decoded when read (a label map of another size than its image
 is an error there).
 """
-from pathlib import Path
 
 from .errors import DatasetLayoutError
-from .segmentation import SegmentationDataset, make_lut, partner
+from .segmentation import SegmentationDataset, checked_root, make_lut, partner
 
 SPLITS = ("train", "val", "test")
 
@@ -91,14 +90,10 @@ class Cityscapes(SegmentationDataset):
     """
 
     def __init__(self, root, split, transform=None, *, coarse=False):
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        root = checked_root(root, split, SPLITS, EXPECTED_LAYOUT)
         if coarse and split != "train":
             raise ValueError(f"coarse=True adds the train_extra images to the training split; "
                              f"it is not available for split={split!r}")
-        root = Path(root)
-        if not root.is_dir():
-            raise DatasetLayoutError.at(root, "no such folder", EXPECTED_LAYOUT)
         self.split = split
         self.coarse = bool(coarse)
         samples = _samples(root, split, "gtFine", "_gtFine_labelIds.png",

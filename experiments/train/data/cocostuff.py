@@ -21,10 +21,9 @@ pixel map without its image is an error. Checked when :class:`COCOStuff` is buil
 folders of the split exist, the pixel-map folder holds ``*.png`` maps, every map has its
 ``.jpg`` image. Files are decoded when read.
 """
-from pathlib import Path
 
 from .errors import DatasetLayoutError
-from .segmentation import SegmentationDataset, make_lut, partner
+from .segmentation import SegmentationDataset, checked_root, make_lut, partner
 
 SPLITS = ("train", "val")
 
@@ -63,11 +62,7 @@ class COCOStuff(SegmentationDataset):
     """
 
     def __init__(self, root, split, transform=None):
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        root = Path(root)
-        if not root.is_dir():
-            raise DatasetLayoutError.at(root, "no such folder", EXPECTED_LAYOUT)
+        root = checked_root(root, split, SPLITS, EXPECTED_LAYOUT)
         self.split = split
         image_dir = root / "images" / f"{split}2017"
         label_dir = root / "annotations" / f"stuff_{split}2017_pixelmaps"

@@ -77,6 +77,17 @@ def read_label(path, expected):
         "('P') PNG of label values", expected)
 
 
+def checked_root(root, split, splits, expected):
+    """``root`` as a ``Path``, after checking that ``split`` is one of ``splits`` (a
+    ``ValueError``) and that ``root`` is a folder (a :class:`DatasetLayoutError` naming it)."""
+    if split not in splits:
+        raise ValueError(f"split must be one of {splits}, got {split!r}")
+    root = Path(root)
+    if not root.is_dir():
+        raise DatasetLayoutError.at(root, "no such folder", expected)
+    return root
+
+
 def partner(path, other, what, expected, required=True):
     """The file ``other`` that goes with ``path`` (its label map, or its image), if it exists;
     else a :class:`DatasetLayoutError` naming ``other`` as the missing ``what`` of ``path``
@@ -172,6 +183,7 @@ class SegmentationDataset(torch.utils.data.Dataset):
                 f"classes={self.num_classes})")
 
 
-__all__ = ["IGNORE_INDEX", "LABEL_MODES", "SegmentationDataset", "make_lut", "partner",
+__all__ = ["IGNORE_INDEX", "LABEL_MODES", "SegmentationDataset", "checked_root", "make_lut",
+           "partner",
            "read_label",
            "read_rgb"]

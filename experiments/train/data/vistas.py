@@ -23,10 +23,9 @@ string ``"name"`` and a boolean ``"evaluate"``, at least one evaluated; the spli
 its ``labels/<key>.png``. Files are decoded when read.
 """
 import json
-from pathlib import Path
 
 from .errors import DatasetLayoutError
-from .segmentation import IGNORE_INDEX, SegmentationDataset, make_lut, partner
+from .segmentation import IGNORE_INDEX, SegmentationDataset, checked_root, make_lut, partner
 
 SPLITS = ("training", "validation", "testing")
 LABELLED_SPLITS = ("training", "validation")
@@ -86,11 +85,7 @@ class Vistas(SegmentationDataset):
     """
 
     def __init__(self, root, split, transform=None):
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        root = Path(root)
-        if not root.is_dir():
-            raise DatasetLayoutError.at(root, "no such folder", EXPECTED_LAYOUT)
+        root = checked_root(root, split, SPLITS, EXPECTED_LAYOUT)
         self.split = split
         classes, self.names, lut = read_config(root / "config.json")
         image_dir = root / split / "images"
