@@ -38,10 +38,11 @@ import threading
 import weakref
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 from torch.autograd.function import once_differentiable
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import distributed
+from . import distributed, ops
 from .kernels import backend, common
 
 #: Activations of ``abn``; name -> (kernel code, default parameter).
@@ -126,13 +127,15 @@ def _check_inplace_input(x, weight, eps, scale_mode):
     """
     if not torch.is_grad_enabled():
         return None
-    if x.requires_grad and x.is_leaf:
+    # A compiled graph is functionalized (AOTAutograd turns the in-place write into a new
+    # value), so the hazards of an eager in-place write checked here do not arise there.
+    if x.requires_grad and x.is_leaf and not torch.compiler.is_compiling():
         raise ValueError(
             "input is a leaf tensor that requires grad: an in-place layer would overwrite it; "
             "pass a non-leaf tensor (e.g. the output of a convolution) or input.clone()"
         )
-    node = x.grad_fn
-    if x.requires_grad and isinstance(node, _InPlaceABN._backward_cls):
+    if (x.requires_grad and not torch.compiler.is_compiling()
+            and isinstance(x.grad_fn, _InPlaceABN._backward_cls)):
         raise ValueError(
             "input is the output of another in-place ABN layer, which saved it for its "
             "backward; overwriting it would corrupt that layer's gradient: pass input.clone()"
@@ -140,11 +143,18 @@ def _check_inplace_input(x, weight, eps, scale_mode):
     differentiable = x.requires_grad or (weight is not None and weight.requires_grad)
     if not (differentiable and scale_mode == "bn" and weight is not None):
         return None
+    if not has_values(weight):  # fake or meta tensors: shapes only, nothing to check
+        return None
     if getattr(backend(x), "DEVICE_GUARD", False):
         _settle_ready(weight)  # an earlier refusal the host can read now is raised now
         return _DeviceCheck(weight, eps)
     _check_invertible_scale(weight, eps)
     return None
+
+
+def has_values(tensor):
+    """Whether ``tensor`` holds data: not a ``FakeTensorMode`` tensor, not on ``meta``."""
+    return not (tensor.is_meta or is_fake(tensor))
 
 
 def _check_invertible_scale(weight, eps):
@@ -295,11 +305,15 @@ def check_pending():
 # --------------------------------------------------------------------------- layouts
 def _layout(x):
     """``"ncs"`` for contiguous tensors, ``"mc"`` for channels-last ones, else ``None``."""
-    if x.is_contiguous():
-        return "ncs"
-    if x.movedim(1, -1).is_contiguous():
-        return "mc"
+    for layout in ("ncs", "mc"):
+        if _is_in(x, layout):
+            return layout
     return None
+
+
+def _is_in(x, layout):
+    """Whether ``x``'s canonical view in ``layout`` is a view (not a copy)."""
+    return (x if layout == "ncs" else x.movedim(1, -1)).is_contiguous()
 
 
 def _view(x, layout):
@@ -387,21 +401,23 @@ def normalize_activate_into(x, out, weight, bias, running_mean, running_var, tra
     channels = x.shape[1]
     count = view.numel() // channels
     gamma, beta, dgamma_dweight = _scale_and_shift(weight, bias, channels, eps, scale_mode, x)
-    kernels = backend(view)
-    guard = {} if skip is None else {"skip": skip}
     if not training:
         mean = running_mean.double()
         rstd = torch.rsqrt(running_var.double() + eps)
         applied = False
     elif not distributed.active(group):  # statistics and output in one pass over the input
         _check_count(count, view)
-        mean, m2 = kernels.moments_forward(view, out_view, gamma, beta, eps, act, slope, **guard)
+        if out_view is view:
+            stats = ops.moments_normalize_act_(view, gamma, beta, eps, act, slope, skip)
+        else:
+            stats = ops.moments_normalize_act_out(view, out_view, gamma, beta, eps, act, slope)
+        mean, m2 = stats
         rstd = _batch_statistics(mean, m2, count, running_mean, running_var, momentum, eps,
                                  skip)
         applied = True
     else:
         # A rank of a synchronised layer may hold no element at all: it contributes nothing.
-        moments = (kernels.moments(view) if count else
+        moments = (ops.moments(view) if count else
                    torch.zeros(2, channels, dtype=torch.float64, device=view.device))
         mean, m2, count = distributed.combine_moments(moments, count, group)
         _check_count(count, view)  # the same global count on every rank: all raise together
@@ -411,7 +427,7 @@ def normalize_activate_into(x, out, weight, bias, running_mean, running_var, tra
     counts = torch.full_like(mean, float(count))
     channel = torch.stack([gamma, beta, dgamma_dweight, mean, rstd, counts])
     if not applied:
-        _apply(view, out_view, channel, act, slope, **guard)
+        _apply(view, out_view, channel, act, slope, skip)
     _write_back(out, out_view, layout)
     return channel
 
@@ -429,19 +445,22 @@ def reapply_into(x, out, channel, act, slope):
     _write_back(out, out_view, layout)
 
 
-def _apply(view, out_view, channel, act, slope, **guard):
-    """``out = act(gamma * (x - mean) * rstd + beta)`` on canonical views (``guard``: the
-    ``skip`` of :func:`normalize_activate_into`, if any)."""
+def _apply(view, out_view, channel, act, slope, skip=None):
+    """``out = act(gamma * (x - mean) * rstd + beta)`` on canonical views (``skip``: that of
+    :func:`normalize_activate_into`, in place only)."""
     gamma, beta, _, mean, rstd, _ = channel
     a = gamma * rstd
-    b = beta - mean * a
-    backend(view).forward(view, out_view, a.to(view.dtype), b.to(view.dtype), act, slope,
-                          **guard)
+    b = (beta - mean * a).to(view.dtype)
+    a = a.to(view.dtype)
+    if out_view is view:
+        ops.scale_shift_act_(view, a, b, act, slope, skip)
+    else:
+        ops.scale_shift_act_out(view, out_view, a, b, act, slope)
 
 
 def _write_back(out, out_view, layout):
     """Copy ``out_view`` into ``out`` if it is a copy (``out`` not in a canonical layout)."""
-    if out_view.data_ptr() != out.data_ptr():
+    if not _is_in(out, layout):
         out.copy_(_unview(out_view, layout, out.shape))
 
 
@@ -509,15 +528,13 @@ def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True, poison
     gamma, beta, dgamma_dweight, mean, rstd, _ = channel
     layout = _layout(z) or "ncs"
     z_view, dz_view = _view(z, layout), _view(dz, layout)
-    x_view = z_view if x is None else _view(x, layout)
-    kernels = backend(z_view)
+    x_view = None if x is None else _view(x, layout)
     if spec.mode == common.MODE_XHAT_FROM_X:
         p, q = rstd, -mean * rstd
     else:  # v recovered from z; p, q only used by variant I
         p, q = 1.0 / gamma, -beta / gamma
     p, q = p.to(z.dtype), q.to(z.dtype)
-    local = kernels.backward_reduce(z_view, dz_view, x_view, p, q, spec.act, spec.slope,
-                                    spec.mode)
+    local = ops.backward_reduce(z_view, dz_view, x_view, p, q, spec.act, spec.slope, spec.mode)
     if poison is not None:
         local = torch.where(poison, math.nan, local)
     variant_y = spec.mode == common.MODE_Y
@@ -527,9 +544,9 @@ def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True, poison
         coef = _input_gradient_coefficients(channel, sums, spec.training, variant_y)
         if poison is not None:  # dx = dy * k0 + v * k1 + k2: NaN wherever the k are
             coef = torch.where(poison, math.nan, coef)
-        dx = _empty_like_layout(z, layout)
-        kernels.backward_input(z_view, dz_view, x_view, p, q, coef.to(z.dtype), spec.act,
-                               spec.slope, spec.mode, _view(dx, layout))
+        dx_view = ops.backward_input(z_view, dz_view, x_view, p, q, coef.to(z.dtype), spec.act,
+                                     spec.slope, spec.mode)
+        dx = _unview(dx_view, layout, z.shape)
     dgamma = (local[1] - beta * local[0]) / gamma if variant_y else local[1]
     dweight = (dgamma * dgamma_dweight).to(spec.param_dtype) if spec.has_weight else None
     dbias = local[0].to(spec.param_dtype) if spec.has_bias else None

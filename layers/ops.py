@@ -1,0 +1,146 @@
+"""The numba kernels as PyTorch custom operators (``torch.ops.layers.*``).
+
+Every kernel call of :mod:`layers.functional` goes through one of these operators, in eager
+mode as under ``torch.compile``, so there is one code path. As operators they have what the
+numba calls alone lack:
+
+* a *fake* implementation (output shapes, dtypes and devices, no data), so the layers run on
+  ``FakeTensorMode`` tensors and on the ``meta`` device: the simulated-memory measurements of
+  :mod:`experiments.measure.tensor_memory` run paper-sized networks without computing them;
+* a schema that declares what each one mutates (the ``*_`` operators write their first
+  argument in place, the ``*_out`` ones their ``out``), so ``torch.compile`` traces them as single graph nodes, functionalizes
+  the in-place ones and never breaks the graph on a numba call.
+
+The operators work on the canonical kernel views of :mod:`layers.kernels.common` (``(N, C, S)``
+contiguous, or ``(M, C)`` for channels-last tensors) with float64 per-channel vectors, as the
+kernels do. Autograd is not registered on them: it lives in the autograd functions of
+:mod:`layers.functional`, whose forward and backward call these operators (and which
+``torch.compile`` traces). ``torch.library.register_autograd`` takes functional operators only,
+and the in-place forward, the point of InPlace-ABN, mutates its input.
+
+``skip``: ``None`` or a ``(1,)`` bool tensor on the device, for the kernels that guard their
+writes with it (the CUDA kernels, ``DEVICE_GUARD``): while it holds ``True`` they write nothing.
+"""
+from typing import Optional
+
+import torch
+from torch.library import custom_op
+
+from .kernels import backend
+
+Tensor = torch.Tensor
+
+
+def _channels(view):
+    """The channel count of a canonical view: ``(N, C, S)`` or ``(M, C)``."""
+    if view.dim() not in (2, 3):
+        raise ValueError(f"a canonical kernel view has 2 or 3 dimensions, got shape "
+                         f"{tuple(view.shape)}")
+    return view.shape[1]
+
+
+def _per_channel(view, rows=2):
+    """A new ``(rows, C)`` float64 tensor on ``view``'s device (a fake one under fake mode)."""
+    return view.new_empty((rows, _channels(view)), dtype=torch.float64)
+
+
+def _guard(skip):
+    """The kernels' ``skip`` keyword, given only when there is a flag."""
+    return {} if skip is None else {"skip": skip}
+
+
+# --------------------------------------------------------------------------- statistics
+@custom_op("layers::moments", mutates_args=())
+def moments(x: Tensor) -> Tensor:
+    """Per-channel ``[mean, M2]`` of ``x`` (``(2, C)`` float64)."""
+    return backend(x).moments(x)
+
+
+@moments.register_fake
+def _(x):
+    return _per_channel(x)
+
+
+# --------------------------------------------------------------------------- forward
+@custom_op("layers::moments_normalize_act_", mutates_args=("x",))
+def moments_normalize_act_(x: Tensor, gamma: Tensor, beta: Tensor, eps: float, act: int,
+                           slope: float, skip: Optional[Tensor] = None) -> Tensor:
+    """The training forward in place: returns the batch's ``[mean, M2]`` and writes
+    ``x = act(gamma * (x - mean) / sqrt(M2 / count + eps) + beta)``."""
+    return backend(x).moments_forward(x, x, gamma, beta, eps, act, slope, **_guard(skip))
+
+
+@moments_normalize_act_.register_fake
+def _(x, gamma, beta, eps, act, slope, skip=None):
+    return _per_channel(x)
+
+
+@custom_op("layers::moments_normalize_act_out", mutates_args=("out",))
+def moments_normalize_act_out(x: Tensor, out: Tensor, gamma: Tensor, beta: Tensor, eps: float,
+                              act: int, slope: float) -> Tensor:
+    """The training forward into ``out`` (a view shaped like ``x``, not overlapping it):
+    returns the batch's ``[mean, M2]``."""
+    return backend(x).moments_forward(x, out, gamma, beta, eps, act, slope)
+
+
+@moments_normalize_act_out.register_fake
+def _(x, out, gamma, beta, eps, act, slope):
+    return _per_channel(x)
+
+
+@custom_op("layers::scale_shift_act_", mutates_args=("x",))
+def scale_shift_act_(x: Tensor, a: Tensor, b: Tensor, act: int, slope: float,
+                     skip: Optional[Tensor] = None) -> None:
+    """``x = act(x * a + b)`` per channel, in place (``a``, ``b`` of ``x``'s dtype)."""
+    backend(x).forward(x, x, a, b, act, slope, **_guard(skip))
+
+
+@scale_shift_act_.register_fake
+def _(x, a, b, act, slope, skip=None):
+    _channels(x)
+
+
+@custom_op("layers::scale_shift_act_out", mutates_args=("out",))
+def scale_shift_act_out(x: Tensor, out: Tensor, a: Tensor, b: Tensor, act: int,
+                        slope: float) -> None:
+    """``out = act(x * a + b)`` per channel (``out`` shaped like ``x``, not overlapping it)."""
+    backend(x).forward(x, out, a, b, act, slope)
+
+
+@scale_shift_act_out.register_fake
+def _(x, out, a, b, act, slope):
+    _channels(x)
+
+
+# --------------------------------------------------------------------------- backward
+@custom_op("layers::backward_reduce", mutates_args=())
+def backward_reduce(z: Tensor, dz: Tensor, x: Optional[Tensor], p: Tensor, q: Tensor, act: int,
+                    slope: float, mode: int) -> Tensor:
+    """Per-channel ``[sum dy, sum dy * v]`` (``(2, C)`` float64); ``x`` only in
+    ``MODE_XHAT_FROM_X`` (``None``: ``v`` is recovered from ``z``)."""
+    return backend(z).backward_reduce(z, dz, z if x is None else x, p, q, act, slope, mode)
+
+
+@backward_reduce.register_fake
+def _(z, dz, x, p, q, act, slope, mode):
+    return _per_channel(z)
+
+
+@custom_op("layers::backward_input", mutates_args=())
+def backward_input(z: Tensor, dz: Tensor, x: Optional[Tensor], p: Tensor, q: Tensor,
+                   coef: Tensor, act: int, slope: float, mode: int) -> Tensor:
+    """The input gradient ``dy * coef[0] + v * coef[1] + coef[2]``, a new tensor."""
+    dx = torch.empty_like(z)
+    backend(z).backward_input(z, dz, z if x is None else x, p, q, coef, act, slope, mode, dx)
+    return dx
+
+
+@backward_input.register_fake
+def _(z, dz, x, p, q, coef, act, slope, mode):
+    _channels(z)
+    return torch.empty_like(z)
+
+
+#: Every operator of this module, for tests and ``torch.library.opcheck``.
+OPERATORS = (moments, moments_normalize_act_, moments_normalize_act_out, scale_shift_act_,
+             scale_shift_act_out, backward_reduce, backward_input)

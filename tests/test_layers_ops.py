@@ -1,0 +1,189 @@
+"""The kernels as custom operators: fake tensors, the meta device, opcheck and torch.compile.
+
+The references are independent of the operators' fake implementations: eager runs on real
+tensors (shapes, dtypes, strides and what autograd saves) and eager results (values,
+gradients, running statistics) for ``torch.compile``.
+"""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from layers import ABN, InPlaceABN, densenet, ops
+from layers.kernels import common
+from layers.residual import NormAct, PreActBlock
+
+ACTIVATIONS = [("leaky_relu", 0.01), ("elu", 1.0), ("identity", None)]
+LAYOUTS = ("contiguous", "channels_last", "strided")
+SHAPE = (2, 3, 4, 5)
+
+
+def laid_out(x, layout):
+    """``x`` (same values) in ``layout``: contiguous, channels-last, or neither (a transpose)."""
+    if layout == "channels_last":
+        return x.contiguous(memory_format=torch.channels_last)
+    if layout == "strided":
+        return x.transpose(2, 3).contiguous().transpose(2, 3)
+    return x.contiguous()
+
+
+def signature(t):
+    """What a fake run must reproduce of a tensor: shape, dtype, strides."""
+    return None if t is None else (tuple(t.shape), t.dtype, t.stride())
+
+
+def layer_step(cls, kwargs, layout, training):
+    """One forward + backward of a fresh layer: signatures of the output, of every tensor
+    autograd saved (in save order) and of every gradient."""
+    layer = cls(SHAPE[1], dtype=torch.float64, **kwargs).train(training)
+    base = torch.randn(SHAPE, dtype=torch.float64, requires_grad=True)
+    x = laid_out(base * 1.0, layout)  # a non-leaf: in-place layers may overwrite it
+    saved = []
+
+    def pack(t):
+        saved.append(signature(t))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = layer(x)
+    grad = laid_out(torch.randn(SHAPE, dtype=torch.float64), layout)
+    out.backward(grad)
+    grads = [signature(t.grad) for t in (base, layer.weight, layer.bias)]
+    return signature(out), saved, grads
+
+
+def layer_cases():
+    for activation, param in ACTIVATIONS + [("relu", None)]:
+        for scale_mode in ("abs", "bn"):
+            yield ABN, dict(activation=activation, activation_param=param,
+                            scale_mode=scale_mode)
+    for activation, param in ACTIVATIONS:
+        for variant in ("I", "II"):
+            for scale_mode in ("abs", "bn"):
+                yield InPlaceABN, dict(activation=activation, activation_param=param,
+                                       variant=variant, scale_mode=scale_mode)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("cls,kwargs", list(layer_cases()),
+                         ids=lambda v: v.__name__ if isinstance(v, type) else "-".join(
+                             str(x) for x in v.values()))
+def test_fake_mode_matches_eager_shapes_and_saved_tensors(cls, kwargs, layout):
+    eager = layer_step(cls, kwargs, layout, training=True)
+    with FakeTensorMode():
+        fake = layer_step(cls, kwargs, layout, training=True)
+    assert fake == eager
+
+
+@pytest.mark.parametrize("cls", [ABN, InPlaceABN])
+def test_fake_mode_in_eval(cls):
+    eager = layer_step(cls, {}, "contiguous", training=False)
+    with FakeTensorMode():
+        assert layer_step(cls, {}, "contiguous", training=False) == eager
+
+
+def test_fake_mode_keeps_real_running_statistics_untouched():
+    """A fake step updates the module's (fake) running statistics, never real tensors."""
+    with FakeTensorMode():
+        layer = InPlaceABN(3)
+        out = layer(torch.randn(SHAPE) * 1.0)
+        assert type(layer.running_mean).__name__ == "FakeTensor"
+        assert type(out).__name__ == "FakeTensor"
+
+
+@pytest.mark.parametrize("impl", densenet.IMPLS)
+@pytest.mark.parametrize("norm", ["bn", "iabn"])
+def test_densenet_runs_on_meta_and_fake_tensors(impl, norm):
+    for device in ("meta", "fake"):
+        model = densenet.densenet_bc(16, 4, impl=impl, norm=norm)
+        x = torch.randn(2, 3, 16, 16)
+        if device == "meta":
+            model, x = model.to("meta"), x.to("meta")
+            out = model(x)
+            out.sum().backward()
+        else:
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                out = model(x)
+                out.sum().backward()
+        assert tuple(out.shape) == (2, 10)
+        assert all(p.grad is not None and p.grad.shape == p.shape for p in model.parameters())
+
+
+# --------------------------------------------------------------------------- opcheck
+def op_samples():
+    """``(operator, args)`` covering both canonical views, both float dtypes and each mode."""
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape, dtype=torch.float64):
+        return torch.randn(*shape, generator=gen, dtype=dtype)
+
+    for view_shape, dtype in (((2, 3, 5), torch.float64), ((10, 3), torch.float32)):
+        c = 3
+        x = rand(*view_shape, dtype=dtype)
+        gamma, beta = rand(c).abs() + 0.5, rand(c)
+        a, b = rand(c, dtype=dtype).abs() + 0.5, rand(c, dtype=dtype)
+        act, slope = common.ACT_LEAKY_RELU, 0.1
+        yield ops.moments, (x,)
+        yield ops.moments_normalize_act_, (x.clone(), gamma, beta, 1e-5, act, slope)
+        yield ops.moments_normalize_act_out, (x, torch.empty_like(x), gamma, beta, 1e-5, act,
+                                              slope)
+        yield ops.scale_shift_act_, (x.clone(), a, b, common.ACT_ELU, 1.0)
+        yield ops.scale_shift_act_out, (x, torch.empty_like(x), a, b, act, slope)
+        z, dz = torch.nn.functional.leaky_relu(x, slope), rand(*view_shape, dtype=dtype)
+        p, q = rand(c, dtype=dtype).abs() + 0.5, rand(c, dtype=dtype)
+        coef = rand(3, c, dtype=dtype)
+        for mode, source in ((common.MODE_Y, None), (common.MODE_XHAT_FROM_Y, None),
+                             (common.MODE_XHAT_FROM_X, x)):
+            yield ops.backward_reduce, (z, dz, source, p, q, act, slope, mode)
+            yield ops.backward_input, (z, dz, source, p, q, coef, act, slope, mode)
+
+
+@pytest.mark.parametrize("op,args", list(op_samples()),
+                         ids=lambda v: getattr(v, "__name__", None) or "")
+def test_opcheck(op, args):
+    torch.library.opcheck(op, args)
+
+
+def test_every_operator_is_checked():
+    assert {op for op, _ in op_samples()} == set(ops.OPERATORS)
+
+
+# --------------------------------------------------------------------------- torch.compile
+def training_step(model, x):
+    """Output, parameter gradients and buffers (running statistics) of one step."""
+    out = model(x)
+    (out * out).sum().backward()
+    module = getattr(model, "_orig_mod", model)
+    grads = {name: p.grad for name, p in module.named_parameters()}
+    buffers = {name: b.clone() for name, b in module.named_buffers()}
+    return out.detach(), grads, buffers
+
+
+def assert_compiled_matches_eager(model, x):
+    torch._dynamo.reset()
+    eager = training_step(copy.deepcopy(model), x.clone())
+    compiled = training_step(torch.compile(copy.deepcopy(model), fullgraph=True), x.clone())
+    torch.testing.assert_close(compiled[0], eager[0])
+    for expected, actual in zip(eager[1:], compiled[1:]):
+        assert expected.keys() == actual.keys()
+        for name in expected:
+            torch.testing.assert_close(actual[name], expected[name], msg=name)
+
+
+def test_compiled_shared_storage_densenet_with_inplace_abn_matches_eager():
+    """The shared-storage function (concatenation, ABN and convolution, recomputed in
+    backward) and the transition layers' InPlace-ABN, in one graph."""
+    torch.manual_seed(0)
+    model = densenet.densenet_bc(10, 4, impl="shared", norm="iabn").double()
+    assert_compiled_matches_eager(model, torch.randn(2, 3, 8, 8, dtype=torch.float64))
+
+
+def test_compiled_resnext_block_with_inplace_abn_matches_eager():
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1),
+                          PreActBlock(8, (8, 8, 16), groups=4, norm_act=NormAct("iabn")),
+                          PreActBlock(16, (8, 8, 16), groups=4, norm_act=NormAct("iabn")))
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
+    assert_compiled_matches_eager(block.double(), x)
