@@ -200,9 +200,11 @@ def checked_depths(experiment):
 
 
 FIG4 = config["densenet_fig4_memory"]
+FIG4_SIMULATED = FIG4["simulated"]
 EXPERIMENTS["densenet_fig4_memory"] = {
     "points": [f"{impl}_d{depth}" for impl in FIG4["impls"]
-               for depth in checked_depths("densenet_fig4_memory")],
+               for depth in checked_depths("densenet_fig4_memory")]
+    + [f"simulated_{impl}" for impl in FIG4_SIMULATED["impls"]],
     "notebooks": ["densenet_fig4_memory"],
 }
 
@@ -235,6 +237,35 @@ rule densenet_fig4_memory_point:
         " --device {DEVICE} --dtype {params.cfg[dtype]} --threads {threads}"
         " --warmup {params.cfg[warmup]} --repeats {params.cfg[repeats]} --out {output}"
         " > {log} 2>&1"
+
+
+rule densenet_fig4_memory_simulated_point:
+    """DenseNet Fig. 4 at the paper's scale (batch 64): one implementation's training step at
+    every depth simulated on the meta device (tensor memory, no GPU), and the deepest depth
+    that fits the budget."""
+    input:
+        code=code("experiments.densenet_fig4_memory"),
+    output:
+        paths.point_json("densenet_fig4_memory", RUN, "simulated_{impl}"),
+    log:
+        paths.job_log("densenet_fig4_memory", RUN, "simulated_{impl}"),
+    benchmark:
+        paths.job_benchmark("densenet_fig4_memory", RUN, "simulated_{impl}")
+    wildcard_constraints:
+        impl="|".join(FIG4_SIMULATED["impls"]),
+    threads: 1
+    resources:
+        **cluster_resources(FIG4, gpus=0),
+    params:
+        cfg=FIG4,
+        sim=FIG4_SIMULATED,
+        depths=" ".join(str(d) for d in FIG4_SIMULATED["depths"]),
+    shell:
+        "python -m experiments.densenet_fig4_memory --simulate --impl {wildcards.impl}"
+        " --depths {params.depths} --max-depth {params.sim[max_depth]}"
+        " --growth-rate {params.cfg[growth_rate]} --batch {params.sim[batch]}"
+        " --size {params.cfg[size]} --budget-gib {params.sim[budget_gib]}"
+        " --dtype {params.cfg[dtype]} --threads {threads} --out {output} > {log} 2>&1"
 
 
 FIG5 = config["densenet_fig5_time"]
@@ -272,9 +303,12 @@ rule densenet_fig5_time_point:
 
 
 TABLE2 = config["iabn_table2_capacity"]
+TABLE2_SIMULATED = TABLE2["simulated"]
 EXPERIMENTS["iabn_table2_capacity"] = {
     "points": [f"{body}_{norm}_{mode}" for body in TABLE2["bodies"] for norm in ("bn", "iabn")
-               for mode in TABLE2["modes"]],
+               for mode in TABLE2["modes"]]
+    + [f"simulated_{body}_{norm}_{mode}" for body in TABLE2_SIMULATED["bodies"]
+       for norm in ("bn", "iabn") for mode in TABLE2["modes"]],
     "notebooks": ["iabn_table2_capacity"],
 }
 
@@ -324,6 +358,48 @@ rule iabn_table2_capacity_point:
         " --device {DEVICE} --dtype {params.cfg[dtype]} --threads {threads}"
         " --warmup {params.cfg[warmup]} --repeats {params.cfg[repeats]} --out {output}"
         " > {log} 2>&1"
+
+
+def simulated_std_bn_point(wildcards):
+    """As :func:`std_bn_point`, among the simulated points."""
+    if wildcards.mode != "fixed_batch":
+        return []
+    return [paths.point_json("iabn_table2_capacity", RUN,
+                             f"simulated_{wildcards.body}_bn_fixed_crop")]
+
+
+rule iabn_table2_capacity_simulated_point:
+    """InPlace-ABN Table 2 brackets at the paper's sizes (full width, 512x512 crops, 12 GiB per
+    GPU), every probe's training step simulated on the meta device: tensor memory, no GPU."""
+    input:
+        std_bn=simulated_std_bn_point,
+        code=code("experiments.iabn_table2_capacity"),
+    output:
+        paths.point_json("iabn_table2_capacity", RUN, "simulated_{body}_{norm}_{mode}"),
+    log:
+        paths.job_log("iabn_table2_capacity", RUN, "simulated_{body}_{norm}_{mode}"),
+    benchmark:
+        paths.job_benchmark("iabn_table2_capacity", RUN, "simulated_{body}_{norm}_{mode}")
+    wildcard_constraints:
+        body="|".join(TABLE2_SIMULATED["bodies"]),
+        norm="bn|iabn",
+        mode="fixed_crop|fixed_batch",
+    threads: 1
+    resources:
+        **cluster_resources(TABLE2, gpus=0),
+    params:
+        cfg=TABLE2,
+        sim=TABLE2_SIMULATED,
+        batch=lambda wildcards: (f"--batch-from {simulated_std_bn_point(wildcards)[0]}"
+                                 if wildcards.mode == "fixed_batch" else
+                                 f"--batch {TABLE2_SIMULATED['bodies'][wildcards.body]['batch']}"),
+    shell:
+        "python -m experiments.iabn_table2_capacity --simulate --body {wildcards.body}"
+        " --norm {wildcards.norm} --mode {wildcards.mode} --crop {params.sim[crop]}"
+        " {params.batch} --budget-mib {params.sim[budget_mib]} --width {params.sim[width]}"
+        " --classes {params.cfg[classes]} --layout {params.cfg[layout]}"
+        " --crop-step {params.cfg[crop_step]} --dtype {params.cfg[dtype]} --threads {threads}"
+        " --warmup {params.cfg[warmup]} --repeats 1 --out {output} > {log} 2>&1"
 
 
 # --------------------------------------------------------------------------- generic rules

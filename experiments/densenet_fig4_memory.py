@@ -30,10 +30,22 @@ capped at the budget (``torch.cuda.set_per_process_memory_fraction``), so a larg
 what fits a 12 GiB one; a step that does not fit is recorded with ``status = out_of_memory``
 (the architecture's parameter count and lower bound are still given) instead of failing the
 job. On the CPU the budget is recorded but not enforced (``budget_enforced = false``).
+
+``--simulate`` (one point per implementation: ``--depths D ...`` instead of ``--depth``): the
+paper's scale on any machine. Each depth's training step (forward, cross-entropy, backward, an
+SGD step with momentum) is simulated on the meta device: the tensor memory by kind
+(:mod:`experiments.measure.tensor_memory`), no compute, no memory. One ``kind = simulated_depth``
+record per depth (``fits``: its peak within ``--budget-gib``), then the deepest depth 6n + 4
+whose step fits (``kind = simulated_deepest``), found by interpolating the peak between the
+depths around the budget and bisecting, up to ``--max-depth`` (``capped`` when even that
+fits). The config's ``memory`` is ``simulated_meta_device``. Tensor memory leaves out the CUDA
+caching allocator's rounding and fragmentation, cuDNN workspaces and the CUDA context
+(``memory_not_counted``).
 """
 import torch
 
 from .measure import step as measure
+from .measure import tensor_memory
 from .records import point
 
 EXPERIMENT = "densenet_fig4_memory"
@@ -51,7 +63,13 @@ def parse_args(argv=None):
                                  "implementation (DenseNet paper, Fig. 4).")
     p.add_argument("--impl", choices=measure.IMPLEMENTATIONS, required=True,
                    help="implementation (torchvision: its memory_efficient=True DenseNet)")
-    p.add_argument("--depth", type=int, required=True, help="depth 6n+4 (40, 64, ..., 160, ...)")
+    p.add_argument("--depth", type=int, help="depth 6n+4 (40, 64, ..., 160, ...)")
+    p.add_argument("--simulate", action="store_true",
+                   help="simulate the steps on the meta device at --depths (tensor memory, no "
+                        "compute) and search the deepest that fits --budget-gib")
+    p.add_argument("--depths", type=int, nargs="+", help="--simulate: the depths 6n+4 to show")
+    p.add_argument("--max-depth", type=int, default=1000,
+                   help="--simulate: where the deepest-depth search stops (default: 1000)")
     p.add_argument("--growth-rate", type=int, default=12, help="k (default: 12)")
     p.add_argument("--batch", type=int, default=64, help="minibatch size (default: 64)")
     p.add_argument("--size", type=int, default=32, help="input height = width (default: 32)")
@@ -59,15 +77,35 @@ def parse_args(argv=None):
                    help="GPU memory budget in GiB, enforced on CUDA (default: none)")
     p.add_argument("--no-peak", action="store_true", help="skip the peak-memory measurement")
     args = p.parse_args(argv)
-    point.check(p, args, positive=("depth", "growth_rate", "batch", "size"))
+    point.check(p, args, positive=("depth", "growth_rate", "batch", "size", "max_depth"))
     if args.budget_gib is not None and not args.budget_gib > 0:
         p.error(f"--budget-gib {args.budget_gib}: must be > 0")
+    if args.simulate:
+        _check_simulated(p, args)
+        return args
+    if args.depth is None or args.depths is not None:
+        p.error("--depth is required (and --depths only goes with --simulate)")
     try:
         args.spec, args.input_shape = measure.cifar_configuration(
             args.impl, args.depth, args.growth_rate, args.batch, args.size)
     except ValueError as error:
         p.error(str(error))
     return args
+
+
+def _check_simulated(p, args):
+    """The options of ``--simulate``."""
+    if args.depth is not None or not args.depths:
+        p.error("--simulate takes --depths (one or more), not --depth")
+    if args.budget_gib is None:
+        p.error("--simulate needs --budget-gib (what the deepest fitting depth is sought for)")
+    if args.device != "cpu":
+        p.error(f"--simulate runs on the meta device; --device {args.device} does not apply")
+    for depth in [*args.depths, args.max_depth]:
+        if (depth - 4) % 6 or depth < 10:
+            p.error(f"depth {depth}: DenseNet-BC depths are 6n + 4 with n >= 1 (10, 16, ...)")
+    if args.max_depth < max(args.depths):
+        p.error(f"--max-depth {args.max_depth}: below the deepest of --depths")
 
 
 def apply_budget(budget_gib, device):
@@ -102,18 +140,111 @@ def measure_point(spec, input_shape, device, dtype, warmup, repeats, peak, threa
                       min_s=None, max_s=None)
         return record, None
     record.update({key: report[key] for key in MEMORY_FIELDS})
-    cuda_peak = report["peak_method"] == "cuda_max_memory_allocated"
-    # On CUDA the whole allocation at the peak (model, gradients, input and the step); on the
-    # CPU the resident set also holds the libraries, so no total is given.
-    record["peak_total_bytes"] = (report["peak_baseline_bytes"] + report["peak_bytes"]
-                                  if cuda_peak else None)
+    # The whole allocation (CUDA) or tensor memory (CPU) at the peak: model, gradients, input
+    # and what the step adds.
+    record["peak_total_bytes"] = (None if report["peak_bytes"] is None else
+                                  report["peak_baseline_bytes"] + report["peak_bytes"])
     record.update({key: report["time"][key] for key in ("median_s", "min_s", "max_s")})
     return record, report
 
 
+# --------------------------------------------------------------------------- simulated
+def simulated_depth(args, depth, budget):
+    """The ``simulated_depth`` record of one depth (its step simulated on the meta device)."""
+    spec, shape = measure.cifar_configuration(args.impl, depth, args.growth_rate, args.batch,
+                                              args.size)
+    memory = measure.simulated_step_memory(spec, shape, point.DTYPES[args.dtype])
+    arch = measure.architecture(spec, shape, point.DTYPES[args.dtype])
+    return {"kind": "simulated_depth", "depth": depth, "param_count": arch["param_count"],
+            "lower_bound_bytes": arch["lower_bound_bytes"], **memory.record(),
+            "fits": memory.peak_bytes <= budget}
+
+
+def _next_probe(fitting, failing, budget):
+    """The depth 6n + 4 to simulate next, strictly between ``fitting`` and ``failing``
+    (``(depth, peak)`` pairs): the peak interpolated linearly to the budget, kept at least one
+    step from either end and, every other probe, the midpoint (so a curved peak still
+    converges in a few probes)."""
+    (lo, lo_peak), (hi, hi_peak) = fitting, failing
+    guess = lo + (hi - lo) * (budget - lo_peak) / max(hi_peak - lo_peak, 1)
+    n = round((guess - 4) / 6)
+    return 6 * min(max(n, (lo - 4) // 6 + 1), (hi - 4) // 6 - 1) + 4
+
+
+def _beyond(records, lo, budget, max_depth):
+    """A depth past ``lo`` (the deepest that fits, no deeper one simulated yet) likely not to
+    fit: 10% past where the line through the two deepest fitting peaks meets the budget (or
+    twice ``lo``'s depth), at most ``max_depth``."""
+    below = [r for r in records if r["fits"] and r["depth"] < lo["depth"]]
+    guess = 2 * lo["depth"]
+    if below:
+        prev = max(below, key=lambda r: r["depth"])
+        slope = ((lo["tensor_peak_bytes"] - prev["tensor_peak_bytes"])
+                 / (lo["depth"] - prev["depth"]))
+        if slope > 0:
+            guess = lo["depth"] + 1.1 * (budget - lo["tensor_peak_bytes"]) / slope
+    n = max(round((guess - 4) / 6), (lo["depth"] - 4) // 6 + 1)
+    return min(6 * n + 4, max_depth)
+
+
+def deepest_fitting(args, budget, records):
+    """Extend ``records`` (``simulated_depth`` ones) until the deepest fitting depth is known;
+    return the ``simulated_deepest`` record."""
+    def probe(depth):
+        record = simulated_depth(args, depth, budget)
+        records.append(record)
+        return record
+
+    def bracket():
+        fits = [r for r in records if r["fits"]]
+        fails = [r for r in records if not r["fits"]]
+        lo = max(fits, key=lambda r: r["depth"]) if fits else None
+        hi = min((r for r in fails if lo is None or r["depth"] > lo["depth"]),
+                 key=lambda r: r["depth"], default=None)
+        return lo, hi
+
+    lo, hi = bracket()
+    if lo is None:
+        return {"kind": "simulated_deepest", "depth": None, "capped": False,
+                "max_depth": args.max_depth, "first_failing_depth": hi["depth"]}
+    while hi is None and lo["depth"] < args.max_depth:
+        probe(_beyond(records, lo, budget, args.max_depth))
+        lo, hi = bracket()
+    probes = 0
+    while hi is not None and hi["depth"] - lo["depth"] > 6:
+        pair = ((lo["depth"], lo["tensor_peak_bytes"]), (hi["depth"], hi["tensor_peak_bytes"]))
+        depth = (_next_probe(*pair, budget) if probes % 2 == 0
+                 else 6 * (((lo["depth"] + hi["depth"]) // 2 - 4) // 6) + 4)
+        if not lo["depth"] < depth < hi["depth"]:
+            depth = lo["depth"] + 6
+        probe(depth)
+        probes += 1
+        lo, hi = bracket()
+    return {"kind": "simulated_deepest", "depth": lo["depth"], "param_count": lo["param_count"],
+            "tensor_peak_bytes": lo["tensor_peak_bytes"], "capped": hi is None,
+            "max_depth": args.max_depth,
+            "first_failing_depth": None if hi is None else hi["depth"]}
+
+
+def run_simulated(args):
+    """The ``--simulate`` point: every depth of ``--depths``, then the deepest that fits."""
+    point.setup(args)
+    budget = int(args.budget_gib * GIB)
+    records = [simulated_depth(args, depth, budget) for depth in sorted(set(args.depths))]
+    deepest = deepest_fitting(args, budget, records)
+    config = {"impl": args.impl, "model": "densenet_bc", "growth_rate": args.growth_rate,
+              "batch": args.batch, "size": args.size, "memory_budget_gib": args.budget_gib,
+              "budget_bytes": budget, "budget_enforced": False, "memory": "simulated_meta_device",
+              "memory_not_counted": tensor_memory.NOT_COUNTED}
+    return config, [*sorted(records, key=lambda r: r["depth"]), deepest], None
+
+
+# --------------------------------------------------------------------------- the point
 def run(args):
     """Measure the point; return the artifact's ``(config, results)`` and the full report of
     :func:`experiments.measure.measure` (``None`` when out of memory)."""
+    if args.simulate:
+        return run_simulated(args)
     device, dtype = point.setup(args)
     budget = apply_budget(args.budget_gib, device)
     record, report = measure_point(args.spec, args.input_shape, device, dtype, args.warmup,
@@ -126,6 +257,15 @@ def run(args):
 
 def summarize(config, results, report):
     """The measurement's summary, or the out-of-memory error."""
+    if config.get("memory") == "simulated_meta_device":
+        deepest = results[-1]
+        found = ("no depth fits" if deepest["depth"] is None else
+                 f"deepest fitting depth {deepest['depth']}"
+                 + (f" (search capped at {deepest['max_depth']})" if deepest["capped"] else ""))
+        peaks = ", ".join(f"{r['depth']}: {r['tensor_peak_bytes'] / GIB:.2f}"
+                          for r in results[:-1])
+        return (f"{config['impl']}, batch {config['batch']}, simulated tensor memory (GiB) by "
+                f"depth: {peaks}; {found} within {config['memory_budget_gib']:g} GiB")
     if report is None:
         return f"{config['impl']} depth {config['depth']}: out of memory ({results[0]['error']})"
     return measure.format_summary(report)

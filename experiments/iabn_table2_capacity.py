@@ -51,11 +51,17 @@ Two methods (``--method``; the artifact's ``method`` says which ran):
   derived, not allocated; ``fit_max_residual_bytes`` says how linear the measurements were.
 
 Memory on CUDA is ``torch.cuda.max_memory_allocated`` over the step (reset before it). On the
-CPU it is the resident training state (parameters, gradients, momentum, batch, labels, counted
-by their storages) plus the peak of the storages created during the step, tracked by a
-``TorchDispatchMode`` (:class:`AllocationTracker`): every storage a torch operation creates is
-counted until it is freed. Buffers allocated inside oneDNN or numba kernels are not seen (they
-are workspace, not feature maps).
+CPU it is the peak tensor memory of the step, tracked storage by storage
+(:class:`~experiments.measure.tensor_memory.TensorMemoryTracker`): the training state
+(parameters, gradients, momentum, batch, labels) and every storage a torch operation creates,
+until it is freed. Buffers allocated inside oneDNN or numba kernels are not seen (they are
+workspace, not feature maps).
+
+``--simulate`` runs the same search on the meta device (the config's ``memory`` is
+``simulated_meta_device``): every step is simulated, shapes and tensor memory without compute or
+memory, so the paper's full-width networks, 512^2 crops and 12 GB run on any machine in
+seconds. It is tensor memory only (``memory_not_counted``): not the CUDA caching allocator's
+rounding and fragmentation, not cuDNN workspaces, not the CUDA context.
 
 Results (flat records, one CSV row each): one ``kind="capacity"`` record (``crops``,
 ``crop_size``, ``pixels`` = crops x crop^2, ``probes``; for ``fit`` also ``intercept_bytes``,
@@ -72,12 +78,10 @@ CPU runs. ``--layout`` picks ResNeXt-101's blocks: ``preact`` (default), the pre
 blocks of the InPlace-ABN authors' released ResNeXt-101, or ``postact``, torchvision's
 post-activation layout (in which InPlace-ABN can drop fewer buffers: :mod:`layers.resnext`).
 """
-import functools
 import gc
 import json
 import math
 import time
-import weakref
 from pathlib import Path
 
 import numpy as np
@@ -85,15 +89,15 @@ import pandas as pd
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from layers import InPlaceABN
 from layers.deeplab import BODIES, deeplabv3
 from layers.residual import NORMS
 
 from .records import point
+from .measure import tensor_memory
 from .measure.saved_tensors import saved_storages
+from .measure.tensor_memory import TensorMemoryTracker
 
 EXPERIMENT = "iabn_table2_capacity"
 MODES = ("fixed_crop", "fixed_batch")
@@ -106,6 +110,9 @@ MIN_CROPS = 2
 MAX_CROPS = 4096
 MAX_CROP = 16384
 MOMENTUM, WEIGHT_DECAY = 0.9, 1e-4
+#: The config's ``memory``: how a step's memory was measured, by device type.
+MEMORY_METHODS = {"cuda": "cuda_max_memory_allocated", "cpu": "cpu_tracked_storages",
+                  "meta": "simulated_meta_device"}
 
 
 # --------------------------------------------------------------------------- arguments
@@ -140,6 +147,10 @@ def parse_args(argv=None):
     p.add_argument("--method", choices=tuple(METHODS), default=None,
                    help="search (real allocation; default on cuda) or fit (derived from a "
                         "linear fit; default on cpu)")
+    p.add_argument("--simulate", action="store_true",
+                   help="simulate the steps on the meta device: tensor memory without compute "
+                        "or memory, so the paper's sizes run on any machine (method search; "
+                        "not counted: " + tensor_memory.NOT_COUNTED + ")")
     p.add_argument("--crop-step", type=int, default=8,
                    help="fixed_batch crops are multiples of this (default: 8)")
     p.add_argument("--fit-batches", type=int, nargs="+", default=[2, 3, 4],
@@ -158,8 +169,12 @@ def parse_args(argv=None):
             p.error(str(error))
         args.batch_source = args.batch_from.stem
     point.check(p, args, positive=("crop", "batch", "classes", "crop_step"))
+    if args.simulate and args.device != "cpu":
+        p.error(f"--simulate runs on the meta device; --device {args.device} does not apply")
+    if args.simulate and args.method == "fit":
+        p.error("--simulate: the method is search (a simulated step costs no memory)")
     if args.method is None:
-        args.method = "search" if args.device == "cuda" else "fit"
+        args.method = "search" if args.device == "cuda" or args.simulate else "fit"
     if args.batch < MIN_CROPS:
         p.error(f"--batch {args.batch}: training-mode BN in the head's pooling branch needs "
                 f"at least {MIN_CROPS} crops")
@@ -210,56 +225,6 @@ def std_bn_batch(path, body):
     return record["crops"]
 
 
-# --------------------------------------------------------------------------- memory
-def _storage_key(tensor):
-    return tensor.untyped_storage()._cdata
-
-
-class AllocationTracker(TorchDispatchMode):
-    """The live and peak bytes of the storages torch operations create under this mode.
-
-    A storage counts from the operation that creates it until it is freed (a weak reference's
-    callback); outputs that share an input's storage (views, in-place operations) are not new.
-    Storages that existed before the mode are not counted: add them yourself (:func:`resident`).
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.live = 0
-        self.peak = 0
-        self._alive = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {_storage_key(t) for t in tree_leaves((args, kwargs))
-                  if isinstance(t, torch.Tensor)}
-        for tensor in tree_leaves(out):
-            if isinstance(tensor, torch.Tensor):
-                key = _storage_key(tensor)
-                if key not in inputs and key not in self._alive:
-                    self._add(tensor.untyped_storage(), key)
-        return out
-
-    def _add(self, storage, key):
-        nbytes = storage.nbytes()
-        self._alive[key] = weakref.ref(storage, functools.partial(self._free, key, nbytes))
-        self.live += nbytes
-        self.peak = max(self.peak, self.live)
-
-    def _free(self, key, nbytes, _ref):
-        if self._alive.pop(key, None) is not None:
-            self.live -= nbytes
-
-
-def resident(tensors):
-    """Bytes of the distinct storages of ``tensors`` (``None`` entries skipped)."""
-    storages = {}
-    for t in tensors:
-        if t is not None:
-            storages[_storage_key(t)] = t.untyped_storage().nbytes()
-    return sum(storages.values())
-
-
 class _Loss(nn.Module):
     """``cross_entropy(model(x), target)``, for :func:`saved_storages`."""
 
@@ -284,9 +249,13 @@ class TrainingStep:
                                          weight_decay=WEIGHT_DECAY, foreach=False)
         self.device, self.dtype, self.classes = device, dtype, args.classes
         self.cuda = device.type == "cuda"
+        self.simulated = device.type == "meta"
 
     def batch(self, crops, crop):
         """A batch of random crops and labels (seeded: every probe sees the same data)."""
+        if self.simulated:  # shapes only
+            return (torch.empty((crops, 3, crop, crop), dtype=self.dtype, device="meta"),
+                    torch.empty((crops, crop, crop), dtype=torch.long, device="meta"))
         generator = torch.Generator().manual_seed(point.SEED)
         x = torch.randn((crops, 3, crop, crop), generator=generator, dtype=self.dtype)
         target = torch.randint(self.classes, (crops, crop, crop), generator=generator)
@@ -298,10 +267,16 @@ class TrainingStep:
         F.cross_entropy(self.model(x), target).backward()
         self.optimizer.step()
 
-    def _state(self):
+    def _tracker(self, x, target):
+        """A tracker that counts the training state and the batch, by kind."""
         params = list(self.model.parameters())
-        momentum = [self.optimizer.state[p].get("momentum_buffer") for p in params]
-        return [*params, *(p.grad for p in params), *self.model.buffers(), *momentum]
+        tracker = TensorMemoryTracker()
+        tracker.register([*params, *self.model.buffers()], tensor_memory.PARAMETERS)
+        tracker.register([p.grad for p in params], tensor_memory.GRADIENTS)
+        tracker.register(tensor_memory.optimizer_state(self.optimizer),
+                         tensor_memory.OPTIMIZER_STATE)
+        tracker.register([x, target], tensor_memory.BATCH)
+        return tracker
 
     def measure(self, crops, crop, repeats=1):
         """``{"memory_bytes", "step_s"}`` of ``repeats`` steps on ``crops`` x ``crop``^2
@@ -319,13 +294,14 @@ class TrainingStep:
                 times.append(time.perf_counter() - start)
                 peaks.append(torch.cuda.max_memory_allocated(self.device))
             else:
-                base = resident([*self._state(), x, target])
+                tracker = self._tracker(x, target)
                 start = time.perf_counter()
-                with AllocationTracker() as tracker:
+                with tracker:
                     self.step(x, target)
                 times.append(time.perf_counter() - start)
-                peaks.append(base + tracker.peak)
-        return {"memory_bytes": max(peaks), "step_s": float(np.median(times))}
+                peaks.append(tracker.peak)
+        return {"memory_bytes": max(peaks),
+                "step_s": None if self.simulated else float(np.median(times))}
 
     def saved_bytes(self, crops, crop):
         """Bytes autograd keeps after the forward (and loss) of ``crops`` x ``crop``^2."""
@@ -496,9 +472,11 @@ def fit_capacity(step, args, budget):
 def capacity_gain(frame, baseline="bn"):
     """The paper's brackets from an aggregated CSV of this experiment (pure pandas).
 
-    One row per capacity record, in the frame's order: ``body``, ``mode``, ``norm``,
-    ``method``, ``crops``, ``crop_size``, ``pixels`` (crops x crop^2), ``gain_pct`` (pixels per
-    batch over ``baseline``'s in the same body and mode, minus 1, in percent: the bracket) and
+    One row per capacity record, in the frame's order: ``memory`` (how memory was measured:
+    real points and ``simulated_meta_device`` ones are compared only among themselves; empty
+    if the frame has no such column), ``body``, ``mode``, ``norm``, ``method``, ``crops``,
+    ``crop_size``, ``pixels`` (crops x crop^2), ``gain_pct`` (pixels per batch over
+    ``baseline``'s with the same memory, body and mode, minus 1, in percent: the bracket) and
     ``fit_gain_pct`` (the same from the fit's unrounded ``capacity_pixels``; NaN for
     ``allocation_search``).
     """
@@ -508,14 +486,17 @@ def capacity_gain(frame, baseline="bn"):
     if missing:
         raise ValueError(f"frame lacks the columns {missing}; has {list(frame.columns)}")
     rows = frame[frame["kind"] == "capacity"].reset_index(drop=True)
+    rows = rows.assign(memory=rows["memory"].fillna("") if "memory" in rows else "")
     if baseline not in set(rows["norm"]):
         raise ValueError(f"baseline={baseline!r} is not among the norms "
                          f"{sorted(set(rows['norm']))}")
-    base = rows[rows["norm"] == baseline].set_index(["body", "mode"])
-    keys = pd.MultiIndex.from_frame(rows[["body", "mode"]])
+    group = ["memory", "body", "mode"]
+    base = rows[rows["norm"] == baseline].set_index(group)
+    keys = pd.MultiIndex.from_frame(rows[group])
     base_pixels = base["pixels"].reindex(keys).to_numpy(dtype=float)
     base_fit = base["capacity_pixels"].reindex(keys).to_numpy(dtype=float)
-    table = rows[["body", "mode", "norm", "method", "crops", "crop_size", "pixels"]].copy()
+    table = rows[["memory", "body", "mode", "norm", "method", "crops", "crop_size",
+                  "pixels"]].copy()
     table["gain_pct"] = 100 * (rows["pixels"].to_numpy(dtype=float) / base_pixels - 1)
     table["fit_gain_pct"] = 100 * (rows["capacity_pixels"].to_numpy(dtype=float) / base_fit - 1)
     return table
@@ -525,6 +506,8 @@ def capacity_gain(frame, baseline="bn"):
 def run(args):
     """Find the capacity; return the artifact's ``(config, results)``."""
     device, dtype = point.setup(args)
+    if args.simulate:
+        device = torch.device("meta")
     budget = int(args.budget_mib * MIB)
     step = TrainingStep(args, device, dtype)
     if device.type == "cuda":
@@ -554,8 +537,9 @@ def run(args):
               "inplace_abn_layers": sum(isinstance(m, InPlaceABN)  # InPlaceABNSync too
                                         for m in step.model.modules()),
               "optimizer": f"SGD(momentum={MOMENTUM}, weight_decay={WEIGHT_DECAY})",
-              "memory": ("cuda_max_memory_allocated" if device.type == "cuda"
-                         else "cpu_tracked_storages")}
+              "memory": MEMORY_METHODS[device.type],
+              "memory_not_counted": (tensor_memory.NOT_COUNTED if device.type != "cuda"
+                                     else None)}
     results = [{"kind": "capacity", **capacity}]
     results += [{"kind": "measurement", **m} for m in measurements]
     return config, results

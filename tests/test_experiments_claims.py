@@ -349,3 +349,39 @@ def test_aggregate_refuses_clashing_or_incomplete_points(tmp_path):
     broken.write_text(json.dumps({"config": {}}))
     with pytest.raises(ValueError, match="missing"):
         aggregate.rows_of(broken)
+
+
+def with_simulated(frame, deepest):
+    """``frame`` plus simulated points: ``deepest[impl] = (depth, capped, first_failing)``."""
+    rows = [{"impl": impl, "kind": "simulated_deepest", "memory": "simulated_meta_device",
+             "device": "cpu", "env_device_name": "a device", "batch": 64, "depth": depth,
+             "capped": capped, "max_depth": 1000, "first_failing_depth": failing,
+             "param_count": 1000 * (depth or 0) ** 2, "tensor_peak_bytes": 2 ** 30,
+             "memory_budget_gib": 12.0}
+            for impl, (depth, capped, failing) in deepest.items()]
+    return pd.concat([frame, pd.DataFrame(rows)], ignore_index=True)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_densenet_500_layers_judged_on_simulated_points_without_a_gpu(artifacts, device):
+    deep = (40, 160, 280, 400, 472, 496, 520)
+    measured = fig4_frame(device, PAPER_LIKE, deep,
+                          out_of_memory={("naive", d) for d in deep if d > 160}
+                          | {("shared", 400), ("shared", 472), ("shared", 496), ("shared", 520)})
+    write(artifacts, "densenet_fig4_memory", f"fits-{device}", with_simulated(
+        measured, {"shared": (1000, True, None), "naive": (268, False, 274)}))
+    write(artifacts, "densenet_fig4_memory", f"short-{device}", with_simulated(
+        measured, {"shared": (280, False, 286)}))
+    got = {run: verdict for (claim_id, run), verdict in verdicts(artifacts).items()
+           if claim_id == "densenet_pytorch_500_layers"}
+    if device == "cuda":  # real allocation judges: shared ran out of memory from 400 layers
+        assert got == {"fits-cuda": claims.NOT_REPRODUCED, "short-cuda": claims.NOT_REPRODUCED}
+        return
+    assert got == {"fits-cpu": claims.REPRODUCED, "short-cpu": claims.NOT_REPRODUCED}
+    claim = next(c for c in claims.load_claims(artifacts)
+                 if c["id"] == "densenet_pytorch_500_layers")
+    outcome = {run: o for run, _, o in claims.evaluate(claim, artifacts)}["fits-cpu"]
+    assert outcome.measured.startswith("simulated tensor memory, batch 64, 12 GiB: shared "
+                                       "storage fits at least 1000 layers")
+    assert "naive 268 layers" in outcome.measured
+    assert "simulated tensor memory" in outcome.reason and "CUDA caching" in outcome.reason

@@ -35,8 +35,8 @@ def test_one_point_writes_a_complete_artifact(tmp_path):
     assert record["saved_bytes"] == record["saved_tensor_bytes"] + record["shared_storage_bytes"]
     assert record["shared_storage_bytes"] > 0
     assert record["saved_bytes"] >= record["lower_bound_bytes"] > 0
-    assert record["peak_method"] == "cpu_maxrss_subprocess" and record["peak_bytes"] > 0
-    assert record["peak_total_bytes"] is None  # a CPU resident set also holds the libraries
+    assert record["peak_method"] == "tensor_tracker" and record["peak_bytes"] > 0
+    assert record["peak_total_bytes"] == record["peak_baseline_bytes"] + record["peak_bytes"]
     assert 0 < record["min_s"] <= record["median_s"] <= record["max_s"]
     assert record["param_count"] == measure.architecture(
         measure.cifar_spec("shared", 10, 4), (2, 3, 8, 8))["param_count"]
@@ -98,3 +98,51 @@ def test_budget_caps_a_larger_gpu_and_is_only_recorded_elsewhere(monkeypatch):
     assert fig4.apply_budget(None, cuda) == {"budget_bytes": None, "budget_enforced": False,
                                              "device_memory_bytes": 48 * 2 ** 30}
     assert fractions == [0.25]
+
+
+SIMULATED = ["--simulate", "--growth-rate", "4", "--batch", "2", "--size", "8"]
+
+
+def test_simulated_point_finds_the_deepest_fitting_depth(tmp_path):
+    """Against brute force: every depth 6n + 4 up to --max-depth simulated one by one."""
+    peaks = {depth: measure.simulated_step_memory(measure.cifar_spec("naive", depth, 4),
+                                                  (2, 3, 8, 8)).peak_bytes
+             for depth in range(10, 53, 6)}
+    budget = (peaks[34] + peaks[40]) / 2  # 34 fits, 40 does not
+    out = tmp_path / "simulated_naive.json"
+    fig4.main(["--impl", "naive", *SIMULATED, "--depths", "10", "16", "--max-depth", "52",
+               "--budget-gib", str(budget / fig4.GIB), "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["config"]["memory"] == "simulated_meta_device"
+    assert "CUDA caching allocator" in report["config"]["memory_not_counted"]
+    *depths, deepest = report["results"]
+    assert deepest["kind"] == "simulated_deepest"
+    assert (deepest["depth"], deepest["first_failing_depth"], deepest["capped"]) == (34, 40, False)
+    for record in depths:
+        assert record["tensor_peak_bytes"] == peaks[record["depth"]]
+        assert record["fits"] == (peaks[record["depth"]] <= int(budget))
+    assert [r["depth"] for r in depths] == sorted(r["depth"] for r in depths)
+
+
+def test_simulated_search_stops_at_max_depth(tmp_path):
+    out = tmp_path / "simulated_shared.json"
+    fig4.main(["--impl", "shared", *SIMULATED, "--depths", "10", "--max-depth", "22",
+               "--budget-gib", "1", "--out", str(out)])
+    deepest = json.loads(out.read_text())["results"][-1]
+    assert (deepest["depth"], deepest["capped"], deepest["first_failing_depth"]) == (22, True,
+                                                                                     None)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--impl", "naive", *SIMULATED, "--depth", "40", "--budget-gib", "1"], "not --depth"),
+    (["--impl", "naive", *SIMULATED, "--depths", "40"], "needs --budget-gib"),
+    (["--impl", "naive", *SIMULATED, "--depths", "41", "--budget-gib", "1"], "depth 41"),
+    (["--impl", "naive", *SIMULATED, "--depths", "46", "--max-depth", "40", "--budget-gib", "1"],
+     "--max-depth 40"),
+    (["--impl", "naive", "--depths", "40"], "--depth is required"),
+])
+def test_bad_simulated_arguments_are_refused_by_name(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exit:
+        fig4.parse_args([*args, "--out", str(tmp_path / "p.json")])
+    assert exit.value.code == 2
+    assert message in capsys.readouterr().err

@@ -11,7 +11,7 @@ import torch
 
 from experiments.report import aggregate, render
 from experiments.records import paths
-from experiments.iabn_table2_capacity import (METHODS, MIN_CROPS, AllocationTracker,
+from experiments.iabn_table2_capacity import (METHODS, MIN_CROPS,
                                               capacity_gain, fit_line, largest_fitting,
                                               parse_args, search_capacity, solve)
 
@@ -127,20 +127,6 @@ def test_capacity_gain_is_the_papers_bracket():
     assert len(table) == len(rows)
     with pytest.raises(ValueError, match="baseline='gn'"):
         capacity_gain(frame, baseline="gn")
-
-
-def test_allocation_tracker_counts_live_and_peak_storages():
-    x = torch.ones(1000)
-    with AllocationTracker() as tracker:
-        y = x * 2  # 4000 bytes
-        z = y + 1  # 4000 bytes
-        view = z.view(10, 100)  # no new storage
-        z.add_(1)  # in place: no new storage
-        del y
-        w = z * 3  # 4000 bytes, y's freed
-    assert tracker.peak == 8000 and tracker.live == 8000
-    del z, view, w
-    assert tracker.live == 0
 
 
 @pytest.mark.parametrize("args, message", [
@@ -278,3 +264,34 @@ def test_notebook_renders_figure_and_table(artifact_set, tmp_path):
     assert "| INPLACE-ABN, FIXED CROP |" in markdown and "ResNeXt-101" in markdown
     assert "%]" in markdown  # the bracket
     assert "\\begin{tabular}" in (out / f"{EXPERIMENT}.tex").read_text()
+
+
+def capacity_claim_frame(device):
+    """A run with real points (+25%) and simulated paper-scale points (+100%)."""
+    rows = []
+    for memory, counts, width, budget in (("cpu_tracked_storages", (4, 5), 0.0625, 90),
+                                          ("simulated_meta_device", (3, 6), 1.0, 12288)):
+        for norm, crops in zip(("bn", "iabn"), counts):
+            rows.append({"kind": "capacity", "memory": memory, "body": "resnext101",
+                         "mode": "fixed_crop", "norm": norm, "method": "allocation_search",
+                         "crops": crops, "crop_size": 512, "pixels": crops * 512 ** 2,
+                         "capacity_pixels": None, "width": width, "budget_mib": budget,
+                         "device": device})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("device, verdict, judged", [
+    ("cpu", "reproduced", "simulated"), ("cuda", "not reproduced", "real")])
+def test_data_increase_claim_is_judged_on_simulated_points_without_a_gpu(device, verdict,
+                                                                        judged):
+    from experiments.report.claims import load_claims
+    from experiments.report.verdicts import EVALUATORS
+
+    claim = next(c for c in load_claims(ROOT / "artifacts")
+                 if c["id"] == "iabn_segmentation_data_increase")
+    outcome = EVALUATORS[claim["id"]](claim, capacity_claim_frame(device))
+    assert outcome.verdict == verdict
+    assert f"{judged} points" in outcome.reason
+    assert ("simulated tensor memory" in outcome.reason) == (judged == "simulated")
+    assert "3 x 512^2 -> 6 x 512^2 (+100%)" in outcome.measured
+    assert "4 x 512^2 -> 5 x 512^2 (+25%)" in outcome.measured

@@ -26,7 +26,11 @@ TINY_POINTS = {
         f"{impl}_d{depth}": ["--impl", impl, "--depth", str(depth), "--growth-rate", "4",
                              "--batch", "2", "--size", "8",
                              *([] if (impl, depth) == ("naive", 10) else ["--no-peak"])]
-        for impl in ("naive", "shared") for depth in (10, 16)},
+        for impl in ("naive", "shared") for depth in (10, 16)}
+    | {f"simulated_{impl}": ["--simulate", "--impl", impl, "--depths", "10", "16",
+                             "--max-depth", "40", "--growth-rate", "4", "--batch", "2",
+                             "--size", "8", "--budget-gib", str(0.3 / 1024)]
+       for impl in ("naive", "shared")},
     "densenet_fig5_time": {
         "d10": ["--depth", "10", "--growth-rate", "4", "--batch", "2", "--size", "8"]},
     # fit (the CPU's method) at 1/32 width on 32x32 crops within 8 MiB: 7-10 crops.
@@ -35,7 +39,11 @@ TINY_POINTS = {
                                       "--width", "0.03125", "--crop", "32", "--batch", "2",
                                       "--budget-mib", "8", "--fit-batches", "2", "3",
                                       "--fit-crops", "16", "24"]
-        for norm in ("bn", "iabn") for mode in ("fixed_crop", "fixed_batch")},
+        for norm in ("bn", "iabn") for mode in ("fixed_crop", "fixed_batch")}
+    | {f"simulated_resnext101_{norm}_fixed_crop": [
+        "--simulate", "--body", "resnext101", "--norm", norm, "--mode", "fixed_crop",
+        "--width", "0.03125", "--crop", "32", "--batch", "2", "--budget-mib", "8"]
+       for norm in ("bn", "iabn")},
 }
 
 NOTEBOOKS = sorted(p.stem for p in (ROOT / "figures").glob("*.ipynb"))

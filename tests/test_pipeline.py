@@ -31,6 +31,22 @@ EXPERIMENT_POINTS = {
                                              for norm in ("bn", "iabn")
                                              for mode in section["modes"]],
 }
+#: experiment -> its points simulated on the meta device (rule ``<experiment>_simulated_point``)
+SIMULATED_POINTS = {
+    "densenet_fig4_memory": lambda section: [f"simulated_{impl}"
+                                             for impl in section["simulated"]["impls"]],
+    "iabn_table2_capacity": lambda section: [f"simulated_{body}_{norm}_{mode}"
+                                             for body in section["simulated"]["bodies"]
+                                             for norm in ("bn", "iabn")
+                                             for mode in section["modes"]],
+}
+
+
+def simulated_jobs(experiment, section):
+    """The planned job count of ``experiment``'s simulated points, by rule (none: empty)."""
+    if experiment not in SIMULATED_POINTS:
+        return {}
+    return {f"{experiment}_simulated_point": len(SIMULATED_POINTS[experiment](section))}
 
 
 
@@ -67,6 +83,9 @@ def test_dry_run_plans_every_experiment(workdir, name):
     for experiment, points_of in EXPERIMENT_POINTS.items():
         points = points_of(config[experiment])
         assert counts[f"{experiment}_point"] == len(points), experiment
+        for rule, count in simulated_jobs(experiment, config[experiment]).items():
+            assert counts[rule] == count, rule
+            points = points + SIMULATED_POINTS[experiment](config[experiment])
         for point in points:
             assert f"artifacts/{experiment}/{run}/{point}.json" in result.stdout
         assert f"artifacts/{experiment}.{run}.csv" in result.stdout
@@ -86,6 +105,7 @@ def test_experiment_target_plans_only_its_own_jobs(workdir, experiment):
     assert result.returncode == 0, result.stderr
     points = EXPERIMENT_POINTS[experiment](profile("smoke")[experiment])
     assert job_counts(result.stdout) == {f"{experiment}_point": len(points),
+                                         **simulated_jobs(experiment, profile("smoke")[experiment]),
                                          "aggregate": 1, "render": 1, experiment: 1}
 
 

@@ -17,10 +17,13 @@ gradient ``g``; parameter gradients are zeroed (kept allocated) before each step
 * ``lower_bound_bytes`` (:func:`lower_bound_bytes`): what must persist for backward, from the
   architecture; ``saved_over_lower_bound = saved_bytes / lower_bound_bytes``.
 * ``peak_bytes``: the peak memory of one step above the memory before it (model, input,
-  gradients and, after warm-up, the shared storages). On CUDA ``torch.cuda.max_memory_allocated``
-  after a reset; on the CPU the peak resident set (``ru_maxrss``) of a fresh subprocess that runs
-  one step of the configuration, minus its resident set just before the step (glibc's mmap
-  threshold fixed in that process, so freed tensors leave the resident set).
+  gradients and, after warm-up, the shared storages). On the CPU the peak tensor memory,
+  tracked storage by storage (:class:`~experiments.measure.tensor_memory.TensorMemoryTracker`,
+  ``peak_method = tensor_tracker``): deterministic, unlike the process's resident set. On CUDA
+  ``torch.cuda.max_memory_allocated`` after a reset, with the tracked tensor peak of the same
+  step beside it (``tensor_peak_bytes``) and their relative difference.
+* :func:`simulated_step_memory`: a training step (with an SGD step) of any size simulated on the
+  meta device, the tensor memory by kind, without compute or memory (the paper-scale points).
 * ``time``: median, min and max seconds per step after warm-up (CUDA events on GPU).
 * ``param_count`` and ``param_bytes`` (:func:`architecture`: from the architecture alone, as is
   the lower bound, so both are known for a configuration that does not fit the device).
@@ -31,11 +34,6 @@ DenseNet-BC implementations the Fig. 4 and Fig. 5 experiments compare.
 """
 import argparse
 import dataclasses
-import json
-import os
-import resource
-import subprocess
-import sys
 from pathlib import Path
 
 import numba
@@ -46,9 +44,11 @@ import torchvision
 from layers import NORM_TYPES, densenet
 
 from ..records.atomic import write_json_atomic
-from ..records.environment import REPO_ROOT, describe_environment
+from ..records.environment import describe_environment
 from ..records.point import DTYPES, SEED
+from . import tensor_memory
 from .saved_tensors import saved_storages
+from .tensor_memory import TensorMemoryTracker, step_memory
 from .timing import time_callable
 
 IMAGENET_MODELS = ("densenet121", "densenet169", "densenet201", "densenet161", "densenet232",
@@ -64,7 +64,7 @@ DEFAULT_CIFAR_GROWTH_RATE = 12
 # --------------------------------------------------------------------------- models
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-    """A model by name and options: builds it, and is what a peak-memory subprocess runs.
+    """A model by name and options: builds it (on any device, the meta device included).
 
     ``impl``, ``norm`` and ``preact`` are those of :mod:`layers.densenet` (``None``: its
     defaults ``"shared"``, ``"bn"``, ``True``); the ``torchvision_densenet`` reference has none.
@@ -118,18 +118,6 @@ class ModelSpec:
         if self.model == "densenet_bc":
             return densenet.densenet_bc(self.depth, **options)
         return getattr(densenet, self.model)(**options)
-
-    def cli_args(self):
-        """The command-line arguments that rebuild this spec."""
-        args = ["--model", self.model]
-        for flag, value in (("--depth", self.depth), ("--growth-rate", self.growth_rate),
-                            ("--num-classes", self.num_classes), ("--impl", self.impl),
-                            ("--norm", self.norm)):
-            if value is not None:
-                args += [flag, str(value)]
-        if self.preact is False:
-            args.append("--postact")
-        return args
 
 
 #: The DenseNet-BC implementations the Fig. 4 and Fig. 5 experiments compare: this project's
@@ -251,17 +239,6 @@ def architecture(spec, input_shape, dtype=torch.float32):
             "lower_bound_bytes": lower_bound_bytes(reference, input_shape, dtype)}
 
 
-def _resident_bytes():
-    """The current resident set size of this process (Linux: ``/proc/self/statm``)."""
-    with open("/proc/self/statm", encoding="ascii") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _max_resident_bytes():
-    """The peak resident set size of this process so far (``ru_maxrss`` is KiB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 # --------------------------------------------------------------------------- one configuration
 class TrainingStep:
     """A model, a fixed input and output gradient, and one training step on them (what
@@ -287,8 +264,28 @@ class TrainingStep:
         self.model(self.x[:batch]).backward(self.grad[:batch])
 
 
+def _tracked_peak(step):
+    """Peak tensor memory of one step above the tensor memory before it, and that memory
+    (the model, its gradients, input and output gradient), from :class:`TensorMemoryTracker`:
+    deterministic, on any device. Storages that exist before the step and that it only
+    overwrites (the shared storages after warm-up) are in neither number."""
+    step.zero_grad()
+    tracker = TensorMemoryTracker()
+    params = list(step.model.parameters())
+    tracker.register([*params, *step.model.buffers()], tensor_memory.PARAMETERS)
+    tracker.register([p.grad for p in params], tensor_memory.GRADIENTS)
+    tracker.register([step.x, step.grad], tensor_memory.BATCH)
+    baseline = tracker.total
+    with tracker, tracker.saving():
+        step()
+    return {"peak_bytes": tracker.peak - baseline, "peak_baseline_bytes": baseline,
+            "peak_method": "tensor_tracker"}
+
+
 def _cuda_peak(step):
-    """Peak CUDA memory of one step above the allocated memory before it."""
+    """Peak CUDA memory of one step above the allocated memory before it, beside the tracked
+    tensor peak of the same step (``tensor_peak_bytes``) and their relative difference: what
+    the caching allocator adds (rounding, workspaces inside operations)."""
     device = step.x.device
     step.zero_grad()
     torch.cuda.synchronize(device)
@@ -296,51 +293,28 @@ def _cuda_peak(step):
     baseline = torch.cuda.memory_allocated(device)
     step()
     torch.cuda.synchronize(device)
-    return {"peak_bytes": torch.cuda.max_memory_allocated(device) - baseline,
-            "peak_baseline_bytes": baseline, "peak_method": "cuda_max_memory_allocated"}
+    peak = torch.cuda.max_memory_allocated(device) - baseline
+    tracked = _tracked_peak(step)["peak_bytes"]
+    return {"peak_bytes": peak, "peak_baseline_bytes": baseline,
+            "peak_method": "cuda_max_memory_allocated", "tensor_peak_bytes": tracked,
+            "allocator_over_tensor_peak": peak / tracked - 1 if tracked else None}
 
 
-def peak_child(spec, input_shape, dtype):
-    """The peak resident memory of one CPU step above the memory before it (run this in a
-    fresh process: ``ru_maxrss`` is the peak over the process's life).
-
-    A warm-up step on two samples first loads the kernels and allocates the parameter
-    gradients, so neither is counted; the measured step's growth of the shared storages is.
-    """
-    step = TrainingStep(spec, input_shape, "cpu", dtype)
-    step(batch=min(2, input_shape[0]))
-    step.zero_grad()
-    baseline = _resident_bytes()
-    before = _max_resident_bytes()
-    step()
-    peak = _max_resident_bytes()
-    return {"peak_bytes": peak - baseline, "peak_baseline_bytes": baseline,
-            "peak_rss_bytes": peak, "peak_rss_before_bytes": before,
-            "peak_method": "cpu_maxrss_subprocess"}
-
-
-#: glibc's mmap threshold for the peak-memory subprocess (bytes). Fixed, it stops glibc from
-#: raising the threshold as blocks are freed, which would keep the warm-up step's freed feature
-#: maps on the heap, resident, and hide up to half of the measured step's growth.
-PEAK_CHILD_MMAP_THRESHOLD = 128 * 1024
-
-
-def _cpu_peak(spec, input_shape, dtype, threads):
-    """:func:`peak_child` in a fresh ``python -m experiments.measure --peak-child``, with
-    ``MALLOC_MMAP_THRESHOLD_`` fixed (unless set already) so that freed tensors leave the
-    resident set and the peak follows what the step allocates."""
-    env = {"MALLOC_MMAP_THRESHOLD_": str(PEAK_CHILD_MMAP_THRESHOLD), **os.environ}
-    args = [sys.executable, "-m", "experiments.measure", *spec.cli_args(),
-            "--batch", str(input_shape[0]), "--size", str(input_shape[2]),
-            "--dtype", _dtype_name(dtype), "--peak-child"]
-    if threads is not None:
-        args += ["--threads", str(threads)]
-    result = subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                            check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"peak-memory subprocess failed ({' '.join(args)}):\n"
-                           f"{result.stderr[-4000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+def simulated_step_memory(spec, input_shape, dtype=torch.float32, momentum=0.9,
+                          weight_decay=1e-4):
+    """:class:`~experiments.measure.tensor_memory.StepMemory` of one training step of ``spec``
+    on ``input_shape``, simulated on the meta device (no data, no compute, no memory): forward,
+    cross-entropy, backward and an SGD step with momentum (the papers' CIFAR recipe keeps one
+    momentum buffer per parameter), in the steady state (gradients and momentum allocated)."""
+    with torch.device("meta"):
+        model = spec.build().to(dtype=dtype).train()
+        x = torch.empty(input_shape, dtype=dtype)
+        target = torch.zeros(input_shape[0], dtype=torch.long)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum,
+                                weight_decay=weight_decay)
+    return step_memory(model, (x, target),
+                       lambda m, inputs, labels: nn.functional.cross_entropy(m(inputs), labels),
+                       optimizer)
 
 
 def _dtype_name(dtype):
@@ -360,7 +334,7 @@ def measure(spec, input_shape, device="cpu", dtype=torch.float32, warmup=1, repe
     """Measure one configuration; return the JSON-serialisable report (see the module doc).
 
     ``spec`` is a :class:`ModelSpec` (it builds the model, its reference architecture for the
-    lower bound and the peak-memory subprocess); ``input_shape`` is ``(N, 3, H, W)``;
+    lower bound); ``input_shape`` is ``(N, 3, H, W)``;
     ``threads`` sets torch's and numba's thread counts (``None``: leave them). With
     ``peak=False`` the peak fields are ``None``.
     """
@@ -375,10 +349,8 @@ def measure(spec, input_shape, device="cpu", dtype=torch.float32, warmup=1, repe
     arch = architecture(spec, input_shape, dtype)
     lower_bound = arch["lower_bound_bytes"]
     peak_fields = {"peak_bytes": None, "peak_baseline_bytes": None, "peak_method": None}
-    if peak and device.type == "cuda":
-        peak_fields = _cuda_peak(step)
-    elif peak:
-        peak_fields = _cpu_peak(spec, input_shape, dtype, threads)
+    if peak:
+        peak_fields = _cuda_peak(step) if device.type == "cuda" else _tracked_peak(step)
     return {
         "model": dataclasses.asdict(spec),
         "input_shape": list(input_shape),
@@ -429,7 +401,6 @@ def parse_args(argv=None):
     parser.add_argument("--no-peak", action="store_true",
                         help="skip the peak-memory measurement")
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
-    parser.add_argument("--peak-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
         args.spec = ModelSpec(args.model, args.depth, args.growth_rate, args.impl, args.norm,
@@ -480,10 +451,6 @@ def format_summary(report):
 def main(argv=None):
     args = parse_args(argv)
     dtype = DTYPES[args.dtype]
-    if args.peak_child:
-        _set_threads(args.threads)
-        print(json.dumps(peak_child(args.spec, args.input_shape, dtype)))
-        return None
     report = measure(args.spec, args.input_shape, args.device, dtype, args.warmup, args.repeats,
                      peak=not args.no_peak, threads=args.threads)
     print(format_summary(report))

@@ -7,6 +7,7 @@ import pandas as pd
 
 MS = 1e3
 MIB = 2.0 ** 20
+GIB = 2.0 ** 30
 
 
 def _missing(frame, columns, argument="frame"):
@@ -68,13 +69,70 @@ def _baseline_rows(frame, baseline, key):
     return frame[frame["impl"] == baseline].set_index(key)
 
 
+#: The ``memory`` of points simulated on the meta device (no GPU, no compute).
+SIMULATED = "simulated_meta_device"
+
+
+def _simulated_rows(frame):
+    """Which rows of ``frame`` are simulated (a boolean Series)."""
+    if "memory" not in frame:
+        return pd.Series(False, index=frame.index)
+    return frame["memory"].fillna("").eq(SIMULATED)
+
+
+def measured_points(frame):
+    """``frame`` without its simulated rows (the points whose steps really ran)."""
+    return frame[~_simulated_rows(frame)]
+
+
+def simulated_memory_vs_depth(frame):
+    """Per simulated ``(impl, depth)`` of ``densenet_fig4_memory`` (``--simulate`` points):
+    ``param_count``, ``peak_gib`` (simulated tensor memory of a training step), ``fits`` (within
+    the budget) and the peak by kind (``*_gib``), sorted by implementation and depth."""
+    rows = frame[_simulated_rows(frame) & frame.get("kind", pd.Series(index=frame.index)).eq(
+        "simulated_depth")]
+    if rows.empty:
+        return pd.DataFrame(columns=["impl", "depth", "param_count", "peak_gib", "fits",
+                                     "budget_gib"])
+    kinds = [c for c in rows.columns
+             if c.startswith("tensor_peak_") and c.endswith("_bytes") and c != "tensor_peak_bytes"]
+    table = pd.DataFrame({"impl": rows["impl"], "depth": rows["depth"].astype(int),
+                          "param_count": rows["param_count"],
+                          "peak_gib": rows["tensor_peak_bytes"] / GIB,
+                          "fits": rows["fits"].astype(bool),
+                          "budget_gib": rows["memory_budget_gib"]})
+    for column in kinds:
+        table[column.removeprefix("tensor_peak_").removesuffix("_bytes") + "_gib"] = (
+            rows[column] / GIB)
+    return table.sort_values(["impl", "depth"]).reset_index(drop=True)
+
+
+def simulated_deepest(frame):
+    """Per implementation with a ``--simulate`` point: ``depth`` (the deepest 6n + 4 whose
+    simulated step fits the budget; NaN if none), ``param_count``, ``peak_gib``, ``capped``
+    (the search stopped at ``max_depth``, which fits), ``max_depth``, ``first_failing_depth``
+    and ``budget_gib``."""
+    rows = frame[_simulated_rows(frame) & frame.get("kind", pd.Series(index=frame.index)).eq(
+        "simulated_deepest")]
+    if rows.empty:
+        return pd.DataFrame(columns=["impl", "depth", "param_count", "peak_gib", "capped",
+                                     "max_depth", "first_failing_depth", "budget_gib"])
+    return pd.DataFrame({"impl": rows["impl"], "depth": rows["depth"],
+                         "param_count": rows["param_count"],
+                         "peak_gib": rows["tensor_peak_bytes"] / GIB,
+                         "capped": rows["capped"].astype(bool), "max_depth": rows["max_depth"],
+                         "first_failing_depth": rows["first_failing_depth"],
+                         "budget_gib": rows["memory_budget_gib"]}).reset_index(drop=True)
+
+
 def memory_vs_depth(frame, baseline="naive"):
     """Per ``(impl, depth)`` of ``densenet_fig4_memory``, in the frame's order: ``status``,
     ``param_count``, ``saved_mib``, ``peak_mib``, ``lower_bound_mib``,
     ``saved_over_lower_bound``, ``saved_vs_baseline_pct`` (saved bytes as a percentage of
     ``baseline``'s at the same depth; NaN where either did not fit or ``baseline`` was not
     measured at that depth) and ``median_ms``. Points that ran out of memory keep their row,
-    with NaN measurements."""
+    with NaN measurements. Simulated points are left out (:func:`simulated_memory_vs_depth`)."""
+    frame = measured_points(frame)
     _missing(frame, ("impl", "depth", "status", "param_count", "saved_bytes", "peak_bytes",
                      "lower_bound_bytes", "median_s"))
     base = frame[(frame["impl"] == baseline) & (frame["status"] == FITS)].set_index("depth")
@@ -101,8 +159,10 @@ def growth_with_depth(frame, column="saved_bytes"):
     ``quadratic_share = c D^2 / column(D)`` at the deepest such depth ``D``: about 1 for memory
     quadratic in depth, about 0 for memory linear in depth. Columns: ``impl``, ``depths``
     (how many), ``deepest``, ``quadratic_coef``, ``linear_coef``, ``quadratic_share``; NaN
-    coefficients for an implementation with fewer than three depths.
+    coefficients for an implementation with fewer than three depths. Simulated points are left
+    out.
     """
+    frame = measured_points(frame)
     _missing(frame, ("impl", "depth", "status", column))
     rows = []
     for impl, group in frame[frame["status"] == FITS].groupby("impl", sort=False):
@@ -138,4 +198,5 @@ def time_vs_baseline(frame, baseline="naive"):
 
 
 __all__ = ["contiguity_overhead", "strategy_overhead", "memory_vs_depth", "growth_with_depth",
-           "time_vs_baseline"]
+           "time_vs_baseline", "measured_points", "simulated_memory_vs_depth",
+           "simulated_deepest", "SIMULATED"]
