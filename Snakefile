@@ -307,8 +307,10 @@ TABLE2_SIMULATED = TABLE2["simulated"]
 EXPERIMENTS["iabn_table2_capacity"] = {
     "points": [f"{body}_{norm}_{mode}" for body in TABLE2["bodies"] for norm in ("bn", "iabn")
                for mode in TABLE2["modes"]]
-    + [f"simulated_{body}_{norm}_{mode}" for body in TABLE2_SIMULATED["bodies"]
-       for norm in ("bn", "iabn") for mode in TABLE2["modes"]],
+    + [f"simulated_{dataset}_{body}_{norm}_{mode}"
+       for dataset, spec in TABLE2_SIMULATED["datasets"].items() for body in spec["crops"]
+       if body in TABLE2_SIMULATED["bodies"] for norm in ("bn", "iabn")
+       for mode in TABLE2["modes"]],
     "notebooks": ["iabn_table2_capacity"],
 }
 
@@ -361,26 +363,39 @@ rule iabn_table2_capacity_point:
 
 
 def simulated_std_bn_point(wildcards):
-    """As :func:`std_bn_point`, among the simulated points."""
+    """As :func:`std_bn_point`, among the simulated points of the same data set."""
     if wildcards.mode != "fixed_batch":
         return []
     return [paths.point_json("iabn_table2_capacity", RUN,
-                             f"simulated_{wildcards.body}_bn_fixed_crop")]
+                             f"simulated_{wildcards.dataset}_{wildcards.body}_bn_fixed_crop")]
+
+
+def simulated_capacity_args(wildcards):
+    """The data set's classes and crop, and the batch (FIXED CROP: where the search starts;
+    FIXED BATCH: the STD-BN FIXED CROP point's)."""
+    dataset = TABLE2_SIMULATED["datasets"][wildcards.dataset]
+    batch = (f"--batch-from {simulated_std_bn_point(wildcards)[0]}"
+             if wildcards.mode == "fixed_batch"
+             else f"--batch {TABLE2_SIMULATED['bodies'][wildcards.body]['batch']}")
+    return (f"--dataset {wildcards.dataset} --classes {dataset['classes']}"
+            f" --crop {dataset['crops'][wildcards.body]} {batch}")
 
 
 rule iabn_table2_capacity_simulated_point:
-    """InPlace-ABN Table 2 brackets at the paper's sizes (full width, 512x512 crops, 12 GiB per
-    GPU), every probe's training step simulated on the meta device: tensor memory, no GPU."""
+    """InPlace-ABN Table 2 brackets at the paper's sizes (full width, the paper's crops, 12 GiB
+    per GPU), every probe's training step simulated on the meta device: tensor memory, no GPU."""
     input:
         std_bn=simulated_std_bn_point,
         code=code("experiments.iabn_table2_capacity"),
     output:
-        paths.point_json("iabn_table2_capacity", RUN, "simulated_{body}_{norm}_{mode}"),
+        paths.point_json("iabn_table2_capacity", RUN, "simulated_{dataset}_{body}_{norm}_{mode}"),
     log:
-        paths.job_log("iabn_table2_capacity", RUN, "simulated_{body}_{norm}_{mode}"),
+        paths.job_log("iabn_table2_capacity", RUN, "simulated_{dataset}_{body}_{norm}_{mode}"),
     benchmark:
-        paths.job_benchmark("iabn_table2_capacity", RUN, "simulated_{body}_{norm}_{mode}")
+        paths.job_benchmark("iabn_table2_capacity", RUN,
+                            "simulated_{dataset}_{body}_{norm}_{mode}")
     wildcard_constraints:
+        dataset="|".join(TABLE2_SIMULATED["datasets"]),
         body="|".join(TABLE2_SIMULATED["bodies"]),
         norm="bn|iabn",
         mode="fixed_crop|fixed_batch",
@@ -390,16 +405,14 @@ rule iabn_table2_capacity_simulated_point:
     params:
         cfg=TABLE2,
         sim=TABLE2_SIMULATED,
-        batch=lambda wildcards: (f"--batch-from {simulated_std_bn_point(wildcards)[0]}"
-                                 if wildcards.mode == "fixed_batch" else
-                                 f"--batch {TABLE2_SIMULATED['bodies'][wildcards.body]['batch']}"),
+        args=simulated_capacity_args,
     shell:
         "python -m experiments.iabn_table2_capacity --simulate --body {wildcards.body}"
-        " --norm {wildcards.norm} --mode {wildcards.mode} --crop {params.sim[crop]}"
-        " {params.batch} --budget-mib {params.sim[budget_mib]} --width {params.sim[width]}"
-        " --classes {params.cfg[classes]} --layout {params.cfg[layout]}"
-        " --crop-step {params.cfg[crop_step]} --dtype {params.cfg[dtype]} --threads {threads}"
-        " --warmup {params.cfg[warmup]} --repeats 1 --out {output} > {log} 2>&1"
+        " --norm {wildcards.norm} --mode {wildcards.mode} {params.args}"
+        " --budget-mib {params.sim[budget_mib]} --width {params.sim[width]}"
+        " --layout {params.cfg[layout]} --crop-step {params.cfg[crop_step]}"
+        " --dtype {params.cfg[dtype]} --threads {threads} --warmup {params.cfg[warmup]}"
+        " --repeats 1 --out {output} > {log} 2>&1"
 
 
 # --------------------------------------------------------------------------- generic rules

@@ -20,8 +20,9 @@ weights), the outside reference.
 Measured by :func:`experiments.measure.measure` (one training step, forward + backward):
 ``saved_bytes`` (what autograd keeps after the forward, saved-tensor hooks, plus the shared
 storages), ``peak_bytes`` (on CUDA ``max_memory_allocated`` above the memory before the step;
-on the CPU the peak resident set of a fresh subprocess above its resident set before the step;
-``--no-peak`` skips it), ``lower_bound_bytes`` (what must persist for backward: convolution
+on the CPU the peak tensor memory above that before the step, tracked storage by storage:
+deterministic, where a process's resident set zig-zags with the allocator; ``--no-peak``
+skips it), ``lower_bound_bytes`` (what must persist for backward: convolution
 outputs and per-channel statistics), ``param_count`` and the step's time (median/min/max over
 ``--repeats`` after ``--warmup``; cheap, the figure's subject is memory).
 

@@ -58,9 +58,9 @@ until it is freed. Buffers allocated inside oneDNN or numba kernels are not seen
 workspace, not feature maps).
 
 ``--simulate`` runs the same search on the meta device (the config's ``memory`` is
-``simulated_meta_device``): every step is simulated, shapes and tensor memory without compute or
-memory, so the paper's full-width networks, 512^2 crops and 12 GB run on any machine in
-seconds. It is tensor memory only (``memory_not_counted``): not the CUDA caching allocator's
+``simulated_meta_device``, its ``method`` ``simulated_search``): every step is simulated,
+shapes and tensor memory without compute or memory, so the paper's full-width networks, 512^2
+crops and 12 GB run on any machine in seconds. It is tensor memory only (``memory_not_counted``): not the CUDA caching allocator's
 rounding and fragmentation, not cuDNN workspaces, not the CUDA context.
 
 Results (flat records, one CSV row each): one ``kind="capacity"`` record (``crops``,
@@ -139,6 +139,9 @@ def parse_args(argv=None):
     p.add_argument("--width", type=float, default=1.0,
                    help="channel multiplier of body and head (default: 1, the paper's)")
     p.add_argument("--classes", type=int, default=19, help="classes (default: 19, Cityscapes)")
+    p.add_argument("--dataset", default=None,
+                   help="the data set whose classes and crop size this point takes, a label for "
+                        "the tables (e.g. cityscapes, cocostuff; default: none)")
     p.add_argument("--output-stride", type=int, default=8, choices=(8, 16),
                    help="body output stride (default: 8, the paper's)")
     p.add_argument("--layout", choices=LAYOUTS, default="preact",
@@ -474,9 +477,10 @@ def capacity_gain(frame, baseline="bn"):
 
     One row per capacity record, in the frame's order: ``memory`` (how memory was measured:
     real points and ``simulated_meta_device`` ones are compared only among themselves; empty
-    if the frame has no such column), ``body``, ``mode``, ``norm``, ``method``, ``crops``,
-    ``crop_size``, ``pixels`` (crops x crop^2), ``gain_pct`` (pixels per batch over
-    ``baseline``'s with the same memory, body and mode, minus 1, in percent: the bracket) and
+    if the frame has no such column), ``dataset`` (the label of ``--dataset``, empty if none),
+    ``body``, ``mode``, ``norm``, ``method``, ``crops``, ``crop_size``, ``pixels`` (crops x
+    crop^2), ``gain_pct`` (pixels per batch over ``baseline``'s with the same memory, data set,
+    body and mode, minus 1, in percent: the bracket) and
     ``fit_gain_pct`` (the same from the fit's unrounded ``capacity_pixels``; NaN for
     ``allocation_search``).
     """
@@ -486,16 +490,17 @@ def capacity_gain(frame, baseline="bn"):
     if missing:
         raise ValueError(f"frame lacks the columns {missing}; has {list(frame.columns)}")
     rows = frame[frame["kind"] == "capacity"].reset_index(drop=True)
-    rows = rows.assign(memory=rows["memory"].fillna("") if "memory" in rows else "")
+    rows = rows.assign(**{column: rows[column].fillna("") if column in rows else ""
+                          for column in ("memory", "dataset")})
     if baseline not in set(rows["norm"]):
         raise ValueError(f"baseline={baseline!r} is not among the norms "
                          f"{sorted(set(rows['norm']))}")
-    group = ["memory", "body", "mode"]
+    group = ["memory", "dataset", "body", "mode"]
     base = rows[rows["norm"] == baseline].set_index(group)
     keys = pd.MultiIndex.from_frame(rows[group])
     base_pixels = base["pixels"].reindex(keys).to_numpy(dtype=float)
     base_fit = base["capacity_pixels"].reindex(keys).to_numpy(dtype=float)
-    table = rows[["memory", "body", "mode", "norm", "method", "crops", "crop_size",
+    table = rows[["memory", "dataset", "body", "mode", "norm", "method", "crops", "crop_size",
                   "pixels"]].copy()
     table["gain_pct"] = 100 * (rows["pixels"].to_numpy(dtype=float) / base_pixels - 1)
     table["fit_gain_pct"] = 100 * (rows["capacity_pixels"].to_numpy(dtype=float) / base_fit - 1)
@@ -529,9 +534,10 @@ def run(args):
     params = list(step.model.parameters())
     config = {"body": args.body, "norm": args.norm, "mode": args.mode,
               "layout": args.layout if args.body == "resnext101" else "preact",
-              "method": METHODS[args.method], "fixed_crop": args.crop,
+              "method": "simulated_search" if args.simulate else METHODS[args.method],
+              "fixed_crop": args.crop,
               "fixed_batch": args.batch, "fixed_batch_from": args.batch_source,
-              "budget_mib": args.budget_mib, "budget_bytes": budget,
+              "budget_mib": args.budget_mib, "budget_bytes": budget, "dataset": args.dataset,
               "width": args.width, "classes": args.classes, "output_stride": args.output_stride,
               "crop_step": args.crop_step, "param_count": sum(p.numel() for p in params),
               "inplace_abn_layers": sum(isinstance(m, InPlaceABN)  # InPlaceABNSync too

@@ -31,6 +31,11 @@ place) combines the batch statistics and the two backward reductions across the 
 whatever the per-rank batch sizes (InPlace-ABN^sync). Each rank's ``weight``/``bias`` gradient
 is its own share of the full-batch gradient, as with ``nn.SyncBatchNorm``: summing them over
 ranks gives the full-batch gradient.
+
+Every kernel call goes through the custom operators of :mod:`layers.ops`, whose fake
+implementations let these functions run on ``FakeTensorMode`` and ``meta`` tensors (shapes
+only) and under ``torch.compile(fullgraph=True)``; the value checks that need data (the
+``scale_mode="bn"`` check above) are skipped on tensors without values.
 """
 import dataclasses
 import math

@@ -269,10 +269,13 @@ def test_notebook_renders_figure_and_table(artifact_set, tmp_path):
 def capacity_claim_frame(device):
     """A run with real points (+25%) and simulated paper-scale points (+100%)."""
     rows = []
-    for memory, counts, width, budget in (("cpu_tracked_storages", (4, 5), 0.0625, 90),
-                                          ("simulated_meta_device", (3, 6), 1.0, 12288)):
+    for memory, dataset, counts, width, budget in (
+            ("cpu_tracked_storages", None, (4, 5), 0.0625, 90),
+            ("simulated_meta_device", "cityscapes", (3, 6), 1.0, 12288),
+            ("simulated_meta_device", "cocostuff", (2, 2), 1.0, 12288)):
         for norm, crops in zip(("bn", "iabn"), counts):
-            rows.append({"kind": "capacity", "memory": memory, "body": "resnext101",
+            rows.append({"kind": "capacity", "memory": memory, "dataset": dataset,
+                         "body": "resnext101",
                          "mode": "fixed_crop", "norm": norm, "method": "allocation_search",
                          "crops": crops, "crop_size": 512, "pixels": crops * 512 ** 2,
                          "capacity_pixels": None, "width": width, "budget_mib": budget,
@@ -293,5 +296,6 @@ def test_data_increase_claim_is_judged_on_simulated_points_without_a_gpu(device,
     assert outcome.verdict == verdict
     assert f"{judged} points" in outcome.reason
     assert ("simulated tensor memory" in outcome.reason) == (judged == "simulated")
-    assert "3 x 512^2 -> 6 x 512^2 (+100%)" in outcome.measured
+    assert "Cityscapes ResNeXt-101 FIXED CROP: 3 x 512^2 -> 6 x 512^2 (+100%)" in outcome.measured
     assert "4 x 512^2 -> 5 x 512^2 (+25%)" in outcome.measured
+    assert "COCO-Stuff ResNeXt-101 FIXED CROP: 2 x 512^2 -> 2 x 512^2 (+0%)" in outcome.measured

@@ -127,3 +127,18 @@ def test_bad_arguments_are_named(capsys, args, message):
         parse_args(args)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_simulates_a_paper_sized_step(tmp_path, capsys):
+    from experiments.measure.step import main
+
+    out = tmp_path / "sim.json"
+    report = main(["--model", "densenet_bc", "--depth", "190", "--growth-rate", "40",
+                   "--impl", "naive", "--batch", "64", "--simulate", "--json", str(out)])
+    assert json.loads(out.read_text()) == report
+    assert report["tensor_memory_method"] == "simulated_meta_device"
+    assert report["tensor_peak_bytes"] > 12 * 2 ** 30  # DenseNet-BC-190, k 40: not a laptop's
+    assert report["tensor_peak_bytes"] == sum(
+        value for key, value in report.items()
+        if key.startswith("tensor_peak_") and key != "tensor_peak_bytes")
+    assert "simulated peak tensor memory" in capsys.readouterr().out

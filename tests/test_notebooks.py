@@ -40,8 +40,9 @@ TINY_POINTS = {
                                       "--budget-mib", "8", "--fit-batches", "2", "3",
                                       "--fit-crops", "16", "24"]
         for norm in ("bn", "iabn") for mode in ("fixed_crop", "fixed_batch")}
-    | {f"simulated_resnext101_{norm}_fixed_crop": [
-        "--simulate", "--body", "resnext101", "--norm", norm, "--mode", "fixed_crop",
+    | {f"simulated_cityscapes_resnext101_{norm}_fixed_crop": [
+        "--simulate", "--dataset", "cityscapes", "--body", "resnext101", "--norm", norm,
+        "--mode", "fixed_crop",
         "--width", "0.03125", "--crop", "32", "--batch", "2", "--budget-mib", "8"]
        for norm in ("bn", "iabn")},
 }

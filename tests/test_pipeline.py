@@ -35,10 +35,10 @@ EXPERIMENT_POINTS = {
 SIMULATED_POINTS = {
     "densenet_fig4_memory": lambda section: [f"simulated_{impl}"
                                              for impl in section["simulated"]["impls"]],
-    "iabn_table2_capacity": lambda section: [f"simulated_{body}_{norm}_{mode}"
-                                             for body in section["simulated"]["bodies"]
-                                             for norm in ("bn", "iabn")
-                                             for mode in section["modes"]],
+    "iabn_table2_capacity": lambda section: [
+        f"simulated_{dataset}_{body}_{norm}_{mode}"
+        for dataset, spec in section["simulated"]["datasets"].items() for body in spec["crops"]
+        for norm in ("bn", "iabn") for mode in section["modes"]],
 }
 
 

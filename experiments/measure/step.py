@@ -400,6 +400,10 @@ def parse_args(argv=None):
                         help="threads for torch and numba (default: leave as configured)")
     parser.add_argument("--no-peak", action="store_true",
                         help="skip the peak-memory measurement")
+    parser.add_argument("--simulate", action="store_true",
+                        help="simulate one training step (with an SGD step) on the meta device "
+                             "and report its tensor memory by kind: no compute, no memory, any "
+                             "size (not counted: " + tensor_memory.NOT_COUNTED + ")")
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
     args = parser.parse_args(argv)
     try:
@@ -448,9 +452,27 @@ def format_summary(report):
     ])
 
 
+def format_simulated(report, memory):
+    """The simulated step's peak and its split by kind, in GiB."""
+    model = " ".join(f"{k}={v}" for k, v in report["model"].items() if v is not None)
+    kinds = ", ".join(f"{kind} {value / 2 ** 30:.3f}" for kind, value in
+                      memory.peak_by_kind.items())
+    return (f"{model}, input {'x'.join(map(str, report['input_shape']))} {report['dtype']}: "
+            f"simulated peak tensor memory of a training step {memory.peak_bytes / 2 ** 30:.3f} "
+            f"GiB ({kinds}); {tensor_memory.NOT_COUNTED}")
+
+
 def main(argv=None):
     args = parse_args(argv)
     dtype = DTYPES[args.dtype]
+    if args.simulate:
+        memory = simulated_step_memory(args.spec, args.input_shape, dtype)
+        report = {"model": dataclasses.asdict(args.spec), "input_shape": list(args.input_shape),
+                  "dtype": args.dtype, **memory.record()}
+        print(format_simulated(report, memory))
+        if args.json is not None:
+            print(f"wrote {write_json_atomic(args.json, report)}")
+        return report
     report = measure(args.spec, args.input_shape, args.device, dtype, args.warmup, args.repeats,
                      peak=not args.no_peak, threads=args.threads)
     print(format_summary(report))

@@ -381,6 +381,7 @@ def _iabn_ii_faster(claim, frame):
 DATA_INCREASE_TOLERANCE_PP = 15.0
 CAPACITY_BODIES = {"resnext101": "ResNeXt-101", "wideresnet38": "WideResNet-38"}
 CAPACITY_MODES = {"fixed_crop": "FIXED CROP", "fixed_batch": "FIXED BATCH"}
+CAPACITY_DATASETS = {"cityscapes": "Cityscapes", "cocostuff": "COCO-Stuff"}
 
 
 #: The ``memory`` of capacity points simulated on the meta device.
@@ -393,15 +394,18 @@ SIMULATED_NOTE = ("judged on simulated tensor memory (every probe's training ste
 
 def _capacity_summary(table, frame):
     """``"ResNeXt-101 FIXED CROP: 3 x 512^2 -> 6 x 512^2 (+100%); ... (scale)"`` of one kind of
-    memory (``table``: :func:`capacity_gain` rows of it, ``frame``: its CSV rows)."""
+    memory (``table``: :func:`capacity_gain` rows of it, ``frame``: its CSV rows), data set by
+    data set."""
     cells = []
-    indexed = table.set_index(["body", "mode", "norm"])
-    for (body, mode, norm), row in indexed.iterrows():
-        if norm == "iabn" and (body, mode, "bn") in indexed.index:
-            base = indexed.loc[(body, mode, "bn")]
-            cells.append(f"{CAPACITY_BODIES[body]} {CAPACITY_MODES[mode]}: "
-                         f"{base['crops']} x {base['crop_size']}^2 -> {row['crops']} x "
-                         f"{row['crop_size']}^2 ({row['gain_pct']:+.0f}%)")
+    for dataset, rows in table.groupby("dataset", sort=False):
+        indexed = rows.set_index(["body", "mode", "norm"])
+        prefix = f"{CAPACITY_DATASETS.get(dataset, dataset)} " if dataset else ""
+        for (body, mode, norm), row in indexed.iterrows():
+            if norm == "iabn" and (body, mode, "bn") in indexed.index:
+                base = indexed.loc[(body, mode, "bn")]
+                cells.append(f"{prefix}{CAPACITY_BODIES[body]} {CAPACITY_MODES[mode]}: "
+                             f"{base['crops']} x {base['crop_size']}^2 -> {row['crops']} x "
+                             f"{row['crop_size']}^2 ({row['gain_pct']:+.0f}%)")
     setting = frame.iloc[0]
     scale = (f"{', '.join(sorted(set(table['method'])))}, width {setting['width']:g}, "
              f"{setting['budget_mib']:g} MiB per device")
@@ -424,7 +428,10 @@ def _iabn_data_increase(claim, frame):
     judged = "real" if _device(frame) == "cuda" or "simulated" not in parts else "simulated"
     summaries = {name: _capacity_summary(*part) for name, part in parts.items()}
     measured = "; ".join(f"{name}: {summaries[name][0]}" for name in parts)
-    judged_table = parts[judged][0].set_index(["body", "mode", "norm"])
+    judged_table = parts[judged][0]
+    # The claim's setting is Cityscapes (points without a data set label are the run's own).
+    judged_table = judged_table[judged_table["dataset"].isin(("", "cityscapes"))].set_index(
+        ["body", "mode", "norm"])
     key = ("resnext101", "fixed_crop", "iabn")
     if key not in judged_table.index or ("resnext101", "fixed_crop", "bn") not in judged_table.index:
         return Outcome(measured, NOT_RUN, f"no ResNeXt-101 FIXED CROP pair (STD-BN and "
