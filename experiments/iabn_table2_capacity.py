@@ -60,8 +60,9 @@ workspace, not feature maps).
 ``--simulate`` runs the same search on the meta device (the config's ``memory`` is
 ``simulated_meta_device``, its ``method`` ``simulated_search``): every step is simulated,
 shapes and tensor memory without compute or memory, so the paper's full-width networks, 512^2
-crops and 12 GB run on any machine in seconds. It is tensor memory only (``memory_not_counted``): not the CUDA caching allocator's
-rounding and fragmentation, not cuDNN workspaces, not the CUDA context.
+crops and 12 GB run on any machine in seconds. It is tensor memory only
+(``memory_not_counted``): not the CUDA caching allocator's rounding and fragmentation, not cuDNN
+workspaces, not the CUDA context.
 
 Results (flat records, one CSV row each): one ``kind="capacity"`` record (``crops``,
 ``crop_size``, ``pixels`` = crops x crop^2, ``probes``; for ``fit`` also ``intercept_bytes``,
@@ -490,8 +491,8 @@ def capacity_gain(frame, baseline="bn"):
     if missing:
         raise ValueError(f"frame lacks the columns {missing}; has {list(frame.columns)}")
     rows = frame[frame["kind"] == "capacity"].reset_index(drop=True)
-    rows = rows.assign(**{column: rows[column].fillna("") if column in rows else ""
-                          for column in ("memory", "dataset")})
+    rows = rows.assign(**{column: (rows[column].astype(object).fillna("") if column in rows
+                                   else "") for column in ("memory", "dataset")})
     if baseline not in set(rows["norm"]):
         raise ValueError(f"baseline={baseline!r} is not among the norms "
                          f"{sorted(set(rows['norm']))}")

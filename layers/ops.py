@@ -8,8 +8,9 @@ numba calls alone lack:
   ``FakeTensorMode`` tensors and on the ``meta`` device: the simulated-memory measurements of
   :mod:`experiments.measure.tensor_memory` run paper-sized networks without computing them;
 * a schema that declares what each one mutates (the ``*_`` operators write their first
-  argument in place, the ``*_out`` ones their ``out``), so ``torch.compile`` traces them as single graph nodes, functionalizes
-  the in-place ones and never breaks the graph on a numba call.
+  argument in place, the ``*_out`` ones their ``out``), so ``torch.compile`` traces them as
+  single graph nodes, functionalizes the mutating ones and never breaks the graph on a numba
+  call.
 
 The operators work on the canonical kernel views of :mod:`layers.kernels.common` (``(N, C, S)``
 contiguous, or ``(M, C)`` for channels-last tensors) with float64 per-channel vectors, as the

@@ -77,7 +77,7 @@ def _simulated_rows(frame):
     """Which rows of ``frame`` are simulated (a boolean Series)."""
     if "memory" not in frame:
         return pd.Series(False, index=frame.index)
-    return frame["memory"].fillna("").eq(SIMULATED)
+    return frame["memory"].astype(object).fillna("").eq(SIMULATED)
 
 
 def measured_points(frame):

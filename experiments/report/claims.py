@@ -418,7 +418,7 @@ def _iabn_data_increase(claim, frame):
 
     table = capacity_gain(frame)
     simulated = table["memory"] == SIMULATED_MEMORY
-    memory = frame["memory"].fillna("") if "memory" in frame else ""
+    memory = frame["memory"].astype(object).fillna("") if "memory" in frame else ""
     parts = {name: (table[rows].reset_index(drop=True), frame[frame_rows])
              for name, rows, frame_rows in (("real", ~simulated, memory != SIMULATED_MEMORY),
                                             ("simulated", simulated,
