@@ -73,7 +73,7 @@ def _baseline_rows(frame, baseline, key):
 SIMULATED = "simulated_meta_device"
 
 
-def _simulated_rows(frame):
+def simulated_rows(frame):
     """Which rows of ``frame`` are simulated (a boolean Series)."""
     if "memory" not in frame:
         return pd.Series(False, index=frame.index)
@@ -82,14 +82,14 @@ def _simulated_rows(frame):
 
 def measured_points(frame):
     """``frame`` without its simulated rows (the points whose steps really ran)."""
-    return frame[~_simulated_rows(frame)]
+    return frame[~simulated_rows(frame)]
 
 
 def simulated_memory_vs_depth(frame):
     """Per simulated ``(impl, depth)`` of ``densenet_fig4_memory`` (``--simulate`` points):
     ``param_count``, ``peak_gib`` (simulated tensor memory of a training step), ``fits`` (within
     the budget) and the peak by kind (``*_gib``), sorted by implementation and depth."""
-    rows = frame[_simulated_rows(frame) & frame.get("kind", pd.Series(index=frame.index)).eq(
+    rows = frame[simulated_rows(frame) & frame.get("kind", pd.Series(index=frame.index)).eq(
         "simulated_depth")]
     if rows.empty:
         return pd.DataFrame(columns=["impl", "depth", "param_count", "peak_gib", "fits",
@@ -112,7 +112,7 @@ def simulated_deepest(frame):
     simulated step fits the budget; NaN if none), ``param_count``, ``peak_gib``, ``capped``
     (the search stopped at ``max_depth``, which fits), ``max_depth``, ``first_failing_depth``
     and ``budget_gib``."""
-    rows = frame[_simulated_rows(frame) & frame.get("kind", pd.Series(index=frame.index)).eq(
+    rows = frame[simulated_rows(frame) & frame.get("kind", pd.Series(index=frame.index)).eq(
         "simulated_deepest")]
     if rows.empty:
         return pd.DataFrame(columns=["impl", "depth", "param_count", "peak_gib", "capped",
@@ -198,5 +198,5 @@ def time_vs_baseline(frame, baseline="naive"):
 
 
 __all__ = ["contiguity_overhead", "strategy_overhead", "memory_vs_depth", "growth_with_depth",
-           "time_vs_baseline", "measured_points", "simulated_memory_vs_depth",
+           "time_vs_baseline", "measured_points", "simulated_rows", "simulated_memory_vs_depth",
            "simulated_deepest", "SIMULATED"]

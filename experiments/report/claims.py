@@ -228,23 +228,32 @@ def _deepest_that_fits(claim, frame):
     if limit > budget * (1 + 1e-6):
         return Outcome(measured, NOT_MEASURED, f"the run's memory limit is {limit:.1f} GiB, "
                        f"more than the claim's {budget:g} GB; set memory_budget_gib: {budget:g}")
+    return _nearly_verdict(claim, measured, f"{limit:.1f}", shared, first_out,
+                           "no depth from {threshold:g} layers on was measured for shared "
+                           "storage")
+
+
+def _nearly_verdict(claim, measured, limit, deepest, first_failing, not_reached, how=""):
+    """The verdict of "nearly N layers fit": ``deepest`` (that fitted) at least 90% of N
+    reproduces it, ``first_failing`` at most that refutes it, else it was not measured
+    (``not_reached``: why, may name ``{threshold}``); ``limit``: the memory in GiB (text)."""
     threshold = NEARLY_FRACTION * claim["value"]
     criterion = (f"criterion: shared storage fits {threshold:g}+ layers ('nearly "
                  f"{claim['value']:g}', within {100 * (1 - NEARLY_FRACTION):g}%) in "
-                 f"{limit:.1f} GiB")
-    if shared is not None and shared >= threshold:
-        return Outcome(measured, REPRODUCED, criterion)
-    if not pd.isna(first_out) and first_out <= threshold:
-        return Outcome(measured, NOT_REPRODUCED, criterion)
-    return Outcome(measured, NOT_MEASURED, f"{criterion}; no depth from {threshold:g} layers "
-                   "on was measured for shared storage")
+                 f"{limit} GiB")
+    if deepest is not None and not pd.isna(deepest) and deepest >= threshold:
+        return Outcome(measured, REPRODUCED, criterion + how)
+    if first_failing is not None and not pd.isna(first_failing) and first_failing <= threshold:
+        return Outcome(measured, NOT_REPRODUCED, criterion + how)
+    return Outcome(measured, NOT_MEASURED,
+                   f"{criterion}; {not_reached.format(threshold=threshold)}{how}")
 
 
 def _deepest_simulated(claim, simulated, frame):
     """The verdict of ``densenet_pytorch_500_layers`` on the simulated points (tensor memory of
     training steps simulated on the meta device, at the paper's batch)."""
     row = simulated.loc["shared"]
-    batch = frame.loc[analysis._simulated_rows(frame), "batch"].iloc[0]
+    batch = frame.loc[analysis.simulated_rows(frame), "batch"].iloc[0]
 
     def deepest(r):
         if pd.isna(r["depth"]):
@@ -261,19 +270,12 @@ def _deepest_simulated(claim, simulated, frame):
     if row["budget_gib"] > budget * (1 + 1e-6):
         return Outcome(measured, NOT_MEASURED, f"the simulated budget is {row['budget_gib']:g} "
                        f"GiB, more than the claim's {budget:g} GB")
-    threshold = NEARLY_FRACTION * claim["value"]
-    criterion = (f"criterion: shared storage fits {threshold:g}+ layers ('nearly "
-                 f"{claim['value']:g}', within {100 * (1 - NEARLY_FRACTION):g}%) in "
-                 f"{row['budget_gib']:g} GiB")
     how = ("; judged on simulated tensor memory (training steps on the meta device): not the "
            "CUDA caching allocator's rounding and fragmentation, cuDNN workspaces or the CUDA "
            "context, so a GPU fits somewhat less; a GPU run judges real allocation")
-    if not pd.isna(row["depth"]) and row["depth"] >= threshold:
-        return Outcome(measured, REPRODUCED, criterion + how)
-    if not pd.isna(row["first_failing_depth"]) and row["first_failing_depth"] <= threshold:
-        return Outcome(measured, NOT_REPRODUCED, criterion + how)
-    return Outcome(measured, NOT_MEASURED, f"{criterion}; the search stopped at "
-                   f"{row['max_depth']:g} layers{how}")
+    return _nearly_verdict(claim, measured, f"{row['budget_gib']:g}", row["depth"],
+                           row["first_failing_depth"],
+                           f"the search stopped at {row['max_depth']:g} layers", how)
 
 
 @evaluates("densenet_shared_time_overhead")
