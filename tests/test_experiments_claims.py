@@ -385,3 +385,28 @@ def test_densenet_500_layers_judged_on_simulated_points_without_a_gpu(artifacts,
                                        "storage fits at least 1000 layers")
     assert "naive 268 layers" in outcome.measured
     assert "simulated tensor memory" in outcome.reason and "CUDA caching" in outcome.reason
+
+
+@pytest.mark.parametrize("naive, verdict", [
+    ((160, False, 166), claims.REPRODUCED), ((268, False, 274), claims.NOT_REPRODUCED),
+    ((1000, True, None), claims.NOT_MEASURED)])
+def test_naive_depth_limit_judged_on_simulated_points(artifacts, naive, verdict):
+    frame = with_simulated(fig4_frame("cpu", PAPER_LIKE), {"naive": naive})
+    write(artifacts, "densenet_fig4_memory", "smoke-cpu", frame)
+    claim = next(c for c in claims.load_claims(artifacts)
+                 if c["id"] == "densenet_naive_over_12gb_beyond_160_layers")
+    [(_, _, outcome)] = claims.evaluate(claim, artifacts)
+    assert outcome.verdict == verdict
+    assert f"naive fits {naive[0]} layers" in outcome.measured
+    assert "LuaTorch" in outcome.reason
+
+
+def test_naive_depth_limit_on_a_gpu_uses_real_allocation(artifacts):
+    deep = (40, 100, 160, 220)
+    frame = fig4_frame("cuda", PAPER_LIKE, deep, out_of_memory={("naive", 220)})
+    write(artifacts, "densenet_fig4_memory", "paper-cuda", frame)
+    claim = next(c for c in claims.load_claims(artifacts)
+                 if c["id"] == "densenet_naive_over_12gb_beyond_160_layers")
+    [(_, _, outcome)] = claims.evaluate(claim, artifacts)
+    assert outcome.verdict == claims.REPRODUCED
+    assert outcome.measured == "naive: deepest that fitted 160 layers; out of memory from 220 layers"

@@ -278,6 +278,52 @@ def _deepest_simulated(claim, simulated, frame):
                            f"the search stopped at {row['max_depth']:g} layers", how)
 
 
+#: "More than N layers need more than the budget": the deepest fitting depth within this
+#: fraction of N, either side.
+DEPTH_LIMIT_TOLERANCE = 0.1
+
+
+@evaluates("densenet_naive_over_12gb_beyond_160_layers")
+def _naive_depth_limit(claim, frame):
+    limit = claim["value"]
+    low, high = (1 - DEPTH_LIMIT_TOLERANCE) * limit, (1 + DEPTH_LIMIT_TOLERANCE) * limit
+    criterion = (f"criterion: the deepest naive DenseNet-BC that fits {claim['budget_gib']:g} "
+                 f"GiB has {low:g}-{high:g} layers (the paper's {limit}, +/- "
+                 f"{100 * DEPTH_LIMIT_TOLERANCE:g}%); the paper's naive implementation is "
+                 "LuaTorch's, and PyTorch shares gradient storage automatically (the paper's "
+                 "reason for having no PyTorch naive implementation), so a PyTorch naive network "
+                 "may fit deeper")
+    if _device(frame) == "cuda":
+        fits = _fitting(frame)
+        table = analysis.memory_vs_depth(frame)
+        naive_fits = fits.reset_index().query("impl == 'naive'")["depth"]
+        first_out = table[(table["impl"] == "naive")
+                          & (table["status"] != analysis.FITS)]["depth"].min()
+        deepest = naive_fits.max() if len(naive_fits) else None
+        measured = (f"naive: deepest that fitted {deepest} layers; "
+                    + ("none out of memory" if pd.isna(first_out)
+                       else f"out of memory from {int(first_out)} layers"))
+        if pd.isna(first_out):
+            return Outcome(measured, NOT_MEASURED, f"{criterion}; naive never ran out of memory")
+        return Outcome(measured, verdict(deepest is not None and low <= deepest <= high),
+                       criterion)
+    simulated = analysis.simulated_deepest(frame).set_index("impl")
+    if "naive" not in simulated.index:
+        return Outcome("-", NOT_MEASURABLE, "the claim is about what fits one 12 GB GPU; on the "
+                       "CPU the budget is not enforced (a simulated_naive point would judge it)")
+    row = simulated.loc["naive"]
+    fitted = "no depth" if pd.isna(row["depth"]) else f"{int(row['depth'])} layers"
+    measured = (f"simulated tensor memory, {row['budget_gib']:g} GiB: naive fits {fitted}"
+                + ("" if pd.isna(row["first_failing_depth"]) else
+                   f", not {int(row['first_failing_depth'])}"))
+    if row["capped"]:
+        return Outcome(measured, NOT_MEASURED, f"{criterion}; the search stopped at "
+                       f"{row['max_depth']:g} layers")
+    ok = not pd.isna(row["depth"]) and low <= row["depth"] <= high
+    return Outcome(measured, verdict(ok), f"{criterion}; judged on simulated tensor memory "
+                   "(training steps on the meta device, allocator and workspaces not counted)")
+
+
 @evaluates("densenet_shared_time_overhead")
 def _shared_time_overhead(claim, frame):
     depth = claim["depth"]
