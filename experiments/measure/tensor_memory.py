@@ -13,16 +13,19 @@ operation creates, from the operation to the storage's release, and knows what e
 
 The peak is that of the sum over live storages; ``peak_by_kind`` splits it at the moment it
 was reached. The same step runs on real tensors (CPU or CUDA: what the operations allocate)
-or on the ``meta`` device (:func:`step_memory` with ``simulate=True``): there every operation
-computes only shapes, dtypes and strides, so a paper-sized network's step takes seconds on a
-CPU and no memory. The layers of this project run there through their operators' fake
+or on the ``meta`` device (:func:`step_memory` of a model and batch built there, as
+:func:`experiments.measure.step.simulated_step_memory` does): there every operation computes
+only shapes, dtypes and strides, so a paper-sized network's step takes seconds on a CPU and no
+memory. The layers of this project run there through their operators' fake
 implementations (:mod:`layers.ops`).
 
 What tensor memory does not include, on either path, and a GPU does: the CUDA caching
 allocator's rounding (to 512-byte blocks, 2 MiB segments) and fragmentation, workspaces that
 kernels allocate inside one operation (cuDNN convolution workspaces, the buffers inside oneDNN
-or numba kernels), and the CUDA context. ``torch.cuda.max_memory_allocated`` sees the first
-two; :data:`NOT_COUNTED` says so in every record made from these numbers.
+or numba kernels), and the CUDA context. ``torch.cuda.max_memory_allocated`` sees the rounding
+and the workspaces (they go through the caching allocator), fragmentation shows only in the
+memory it reserves, and the context in neither; :data:`NOT_COUNTED` says what is left out in
+every record made from these numbers.
 """
 import dataclasses
 import functools
