@@ -133,11 +133,11 @@ def test_cli_simulates_a_paper_sized_step(tmp_path, capsys):
     from experiments.measure.step import main
 
     out = tmp_path / "sim.json"
-    report = main(["--model", "densenet_bc", "--depth", "190", "--growth-rate", "40",
-                   "--impl", "naive", "--batch", "64", "--simulate", "--json", str(out)])
+    report = main(["--model", "densenet_bc", "--depth", "100", "--growth-rate", "24",
+                   "--impl", "naive", "--batch", "256", "--simulate", "--json", str(out)])
     assert json.loads(out.read_text()) == report
     assert report["tensor_memory_method"] == "simulated_meta_device"
-    assert report["tensor_peak_bytes"] > 12 * 2 ** 30  # DenseNet-BC-190, k 40: not a laptop's
+    assert report["tensor_peak_bytes"] > 8 * 2 ** 30  # more than this test may allocate
     assert report["tensor_peak_bytes"] == sum(
         value for key, value in report.items()
         if key.startswith("tensor_peak_") and key != "tensor_peak_bytes")
