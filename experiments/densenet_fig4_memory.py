@@ -161,15 +161,27 @@ def simulated_depth(args, depth, budget):
             "fits": memory.peak_bytes <= budget}
 
 
-def _next_probe(fitting, failing, budget):
-    """The depth 6n + 4 to simulate next, strictly between ``fitting`` and ``failing``
-    (``(depth, peak)`` pairs): the peak interpolated linearly to the budget, kept at least one
-    step from either end and, every other probe, the midpoint (so a curved peak still
-    converges in a few probes)."""
-    (lo, lo_peak), (hi, hi_peak) = fitting, failing
-    guess = lo + (hi - lo) * (budget - lo_peak) / max(hi_peak - lo_peak, 1)
-    n = round((guess - 4) / 6)
-    return 6 * min(max(n, (lo - 4) // 6 + 1), (hi - 4) // 6 - 1) + 4
+def _n(depth):
+    """``n`` of DenseNet-BC's depth ``6n + 4`` (rounded down between two depths)."""
+    return (depth - 4) // 6
+
+
+def _depth(n):
+    return 6 * n + 4
+
+
+def _nearest_n(depth):
+    """``n`` of the DenseNet-BC depth ``6n + 4`` nearest to ``depth`` (any number)."""
+    return round((depth - 4) / 6)
+
+
+def _interpolated(lo, hi, budget):
+    """The depth strictly between the records ``lo`` (fits) and ``hi`` (does not) where the
+    peak, interpolated linearly between them, meets the budget."""
+    lo_peak, hi_peak = lo["tensor_peak_bytes"], hi["tensor_peak_bytes"]
+    guess = lo["depth"] + (hi["depth"] - lo["depth"]) * (budget - lo_peak) / max(
+        hi_peak - lo_peak, 1)
+    return _depth(min(max(_nearest_n(guess), _n(lo["depth"]) + 1), _n(hi["depth"]) - 1))
 
 
 def _beyond(records, lo, budget, max_depth):
@@ -184,8 +196,7 @@ def _beyond(records, lo, budget, max_depth):
                  / (lo["depth"] - prev["depth"]))
         if slope > 0:
             guess = lo["depth"] + 1.1 * (budget - lo["tensor_peak_bytes"]) / slope
-    n = max(round((guess - 4) / 6), (lo["depth"] - 4) // 6 + 1)
-    return min(6 * n + 4, max_depth)
+    return min(_depth(max(_nearest_n(guess), _n(lo["depth"]) + 1)), max_depth)
 
 
 def deepest_fitting(args, budget, records):
@@ -211,14 +222,14 @@ def deepest_fitting(args, budget, records):
     while hi is None and lo["depth"] < args.max_depth:
         probe(_beyond(records, lo, budget, args.max_depth))
         lo, hi = bracket()
+    # Alternately interpolate and bisect, so that a peak curved in depth still converges in a
+    # few probes.
     probes = 0
-    while hi is not None and hi["depth"] - lo["depth"] > 6:
-        pair = ((lo["depth"], lo["tensor_peak_bytes"]), (hi["depth"], hi["tensor_peak_bytes"]))
-        depth = (_next_probe(*pair, budget) if probes % 2 == 0
-                 else 6 * (((lo["depth"] + hi["depth"]) // 2 - 4) // 6) + 4)
-        if not lo["depth"] < depth < hi["depth"]:
-            depth = lo["depth"] + 6
-        probe(depth)
+    while hi is not None and _n(hi["depth"]) - _n(lo["depth"]) > 1:
+        if probes % 2 == 0:
+            probe(_interpolated(lo, hi, budget))
+        else:
+            probe(_depth((_n(lo["depth"]) + _n(hi["depth"])) // 2))
         probes += 1
         lo, hi = bracket()
     return {"kind": "simulated_deepest", "depth": lo["depth"], "param_count": lo["param_count"],
@@ -235,7 +246,8 @@ def run_simulated(args):
     deepest = deepest_fitting(args, budget, records)
     config = {"impl": args.impl, "model": "densenet_bc", "growth_rate": args.growth_rate,
               "batch": args.batch, "size": args.size, "memory_budget_gib": args.budget_gib,
-              "budget_bytes": budget, "budget_enforced": False, "memory": "simulated_meta_device",
+              "budget_bytes": budget, "budget_enforced": False,
+              "memory": tensor_memory.SIMULATED_METHOD,
               "memory_not_counted": tensor_memory.NOT_COUNTED}
     return config, [*sorted(records, key=lambda r: r["depth"]), deepest], None
 
@@ -258,7 +270,7 @@ def run(args):
 
 def summarize(config, results, report):
     """The measurement's summary, or the out-of-memory error."""
-    if config.get("memory") == "simulated_meta_device":
+    if config.get("memory") == tensor_memory.SIMULATED_METHOD:
         deepest = results[-1]
         found = ("no depth fits" if deepest["depth"] is None else
                  f"deepest fitting depth {deepest['depth']}"

@@ -98,7 +98,7 @@ from layers.residual import NORMS
 from .records import point
 from .measure import tensor_memory
 from .measure.saved_tensors import saved_storages
-from .measure.tensor_memory import TensorMemoryTracker
+from .measure.tensor_memory import training_state_tracker
 
 EXPERIMENT = "iabn_table2_capacity"
 MODES = ("fixed_crop", "fixed_batch")
@@ -113,7 +113,7 @@ MAX_CROP = 16384
 MOMENTUM, WEIGHT_DECAY = 0.9, 1e-4
 #: The config's ``memory``: how a step's memory was measured, by device type.
 MEMORY_METHODS = {"cuda": "cuda_max_memory_allocated", "cpu": "cpu_tracked_storages",
-                  "meta": "simulated_meta_device"}
+                  "meta": tensor_memory.SIMULATED_METHOD}
 
 
 # --------------------------------------------------------------------------- arguments
@@ -271,17 +271,6 @@ class TrainingStep:
         F.cross_entropy(self.model(x), target).backward()
         self.optimizer.step()
 
-    def _tracker(self, x, target):
-        """A tracker that counts the training state and the batch, by kind."""
-        params = list(self.model.parameters())
-        tracker = TensorMemoryTracker()
-        tracker.register([*params, *self.model.buffers()], tensor_memory.PARAMETERS)
-        tracker.register([p.grad for p in params], tensor_memory.GRADIENTS)
-        tracker.register(tensor_memory.optimizer_state(self.optimizer),
-                         tensor_memory.OPTIMIZER_STATE)
-        tracker.register([x, target], tensor_memory.BATCH)
-        return tracker
-
     def measure(self, crops, crop, repeats=1):
         """``{"memory_bytes", "step_s"}`` of ``repeats`` steps on ``crops`` x ``crop``^2
         (the largest peak, the median time). On CUDA this raises
@@ -298,7 +287,7 @@ class TrainingStep:
                 times.append(time.perf_counter() - start)
                 peaks.append(torch.cuda.max_memory_allocated(self.device))
             else:
-                tracker = self._tracker(x, target)
+                tracker = training_state_tracker(self.model, [x, target], self.optimizer)
                 start = time.perf_counter()
                 with tracker:
                     self.step(x, target)

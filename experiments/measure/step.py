@@ -48,7 +48,7 @@ from ..records.environment import describe_environment
 from ..records.point import DTYPES, SEED
 from . import tensor_memory
 from .saved_tensors import saved_storages
-from .tensor_memory import TensorMemoryTracker, step_memory
+from .tensor_memory import step_memory, training_state_tracker
 from .timing import time_callable
 
 IMAGENET_MODELS = ("densenet121", "densenet169", "densenet201", "densenet161", "densenet232",
@@ -270,11 +270,7 @@ def _tracked_peak(step):
     deterministic, on any device. Storages that exist before the step and that it only
     overwrites (the shared storages after warm-up) are in neither number."""
     step.zero_grad()
-    tracker = TensorMemoryTracker()
-    params = list(step.model.parameters())
-    tracker.register([*params, *step.model.buffers()], tensor_memory.PARAMETERS)
-    tracker.register([p.grad for p in params], tensor_memory.GRADIENTS)
-    tracker.register([step.x, step.grad], tensor_memory.BATCH)
+    tracker = training_state_tracker(step.model, [step.x, step.grad])
     baseline = tracker.total
     with tracker, tracker.saving():
         step()
@@ -284,8 +280,8 @@ def _tracked_peak(step):
 
 def _cuda_peak(step):
     """Peak CUDA memory of one step above the allocated memory before it, beside the tracked
-    tensor peak of the same step (``tensor_peak_bytes``) and their relative difference: what
-    the caching allocator adds (rounding, workspaces inside operations)."""
+    tensor peak of a second, identical step (``tensor_peak_bytes``) and their relative
+    difference: what the caching allocator adds (rounding, workspaces inside operations)."""
     device = step.x.device
     step.zero_grad()
     torch.cuda.synchronize(device)

@@ -45,6 +45,9 @@ KEPT = "kept after the step"
 TRANSIENT = "transient"
 KINDS = (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, BATCH, SAVED, KEPT, TRANSIENT)
 
+#: The ``memory`` method of a step simulated on the meta device, in every record that has one
+#: (:mod:`experiments.report.analysis`, which does not import torch, spells it out too).
+SIMULATED_METHOD = "simulated_meta_device"
 #: What tensor memory leaves out, for every record and claim made from it.
 NOT_COUNTED = ("tensor memory only: not the CUDA caching allocator's rounding and "
                "fragmentation, not workspaces allocated inside an operation (cuDNN, oneDNN, "
@@ -203,7 +206,7 @@ class StepMemory:
                   f"{prefix}end_bytes": self.end_bytes}
         for kind, value in self.peak_by_kind.items():
             fields[f"{prefix}peak_{kind.replace(' ', '_')}_bytes"] = value
-        fields[f"{prefix}memory_method"] = ("simulated_meta_device" if self.simulated
+        fields[f"{prefix}memory_method"] = (SIMULATED_METHOD if self.simulated
                                             else "tracked_real_step")
         fields[f"{prefix}memory_not_counted"] = NOT_COUNTED
         return fields
@@ -215,27 +218,35 @@ def optimizer_state(optimizer):
             if isinstance(value, torch.Tensor)]
 
 
-def step_memory(model, batch, loss, optimizer, prime=True):
+def training_state_tracker(model, batch, optimizer=None):
+    """A :class:`TensorMemoryTracker` that already counts what a training step starts with:
+    ``model``'s parameters and buffers, their gradients, ``optimizer``'s state (if given) and
+    the tensors of ``batch``, each as its kind."""
+    params = list(model.parameters())
+    tracker = TensorMemoryTracker()
+    tracker.register([*params, *model.buffers()], PARAMETERS)
+    tracker.register([p.grad for p in params], GRADIENTS)
+    if optimizer is not None:
+        tracker.register(optimizer_state(optimizer), OPTIMIZER_STATE)
+    tracker.register(batch, BATCH)
+    return tracker
+
+
+def step_memory(model, batch, loss, optimizer):
     """Track one training step: ``optimizer.zero_grad(set_to_none=False)``, ``loss(model,
     *batch).backward()``, ``optimizer.step()``; return its :class:`StepMemory`.
 
-    ``batch`` is a tuple of tensors (input, targets). ``prime``: first give every parameter a
-    zero gradient and take one optimizer step, untracked, so that gradients and optimizer state
+    ``batch`` is a tuple of tensors (input, targets). First every parameter gets a zero
+    gradient and the optimizer takes one step, untracked, so that gradients and optimizer state
     exist as in any step after the first (the steady state, which a budget must hold). On the
     meta device (``simulated`` in the result) nothing is computed.
     """
-    params = [p for p in model.parameters() if p.requires_grad]
-    if prime:
-        with torch.no_grad():
-            for p in params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-        optimizer.step()
-    tracker = TensorMemoryTracker()
-    tracker.register([*model.parameters(), *model.buffers()], PARAMETERS)
-    tracker.register([p.grad for p in params], GRADIENTS)
-    tracker.register(optimizer_state(optimizer), OPTIMIZER_STATE)
-    tracker.register(batch, BATCH)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+    optimizer.step()
+    tracker = training_state_tracker(model, batch, optimizer)
     start = tracker.total
     with tracker, tracker.saving():
         optimizer.zero_grad(set_to_none=False)
@@ -245,5 +256,5 @@ def step_memory(model, batch, loss, optimizer, prime=True):
     return StepMemory(tracker.peak, tracker.peak_by_kind(), start, tracker.total, simulated)
 
 
-__all__ = ["TensorMemoryTracker", "StepMemory", "step_memory", "optimizer_state", "KINDS",
-           "NOT_COUNTED", "storage_key"]
+__all__ = ["TensorMemoryTracker", "StepMemory", "step_memory", "training_state_tracker",
+           "optimizer_state", "KINDS", "NOT_COUNTED", "SIMULATED_METHOD", "storage_key"]
