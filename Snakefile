@@ -316,10 +316,21 @@ EXPERIMENTS["iabn_table2_capacity"] = {
 
 
 def std_bn_point(wildcards):
-    """FIXED BATCH keeps the STD-BN batch: the body's STD-BN FIXED CROP point, an input."""
+    """FIXED BATCH keeps the STD-BN batch: the STD-BN FIXED CROP point of the same body (and,
+    among the simulated points, of the same data set), an input."""
     if wildcards.mode != "fixed_batch":
         return []
-    return [paths.point_json("iabn_table2_capacity", RUN, f"{wildcards.body}_bn_fixed_crop")]
+    prefix = f"simulated_{wildcards.dataset}_" if hasattr(wildcards, "dataset") else ""
+    return [paths.point_json("iabn_table2_capacity", RUN,
+                             f"{prefix}{wildcards.body}_bn_fixed_crop")]
+
+
+def batch_option(wildcards, bodies):
+    """``--batch-from`` the STD-BN point (FIXED BATCH) or ``--batch`` where the FIXED CROP
+    search starts (``bodies``: the profile's per-body settings)."""
+    if wildcards.mode == "fixed_batch":
+        return f"--batch-from {std_bn_point(wildcards)[0]}"
+    return f"--batch {bodies[wildcards.body]['batch']}"
 
 
 rule iabn_table2_capacity_point:
@@ -344,9 +355,7 @@ rule iabn_table2_capacity_point:
         **cluster_resources(TABLE2),
     params:
         cfg=TABLE2,
-        batch=lambda wildcards: (f"--batch-from {std_bn_point(wildcards)[0]}"
-                                 if wildcards.mode == "fixed_batch"
-                                 else f"--batch {TABLE2['bodies'][wildcards.body]['batch']}"),
+        batch=lambda wildcards: batch_option(wildcards, TABLE2["bodies"]),
         method="" if TABLE2["method"] is None else f"--method {TABLE2['method']}",
         fit_batches=" ".join(str(n) for n in TABLE2["fit_batches"]),
         fit_crops=" ".join(str(c) for c in TABLE2["fit_crops"]),
@@ -362,30 +371,19 @@ rule iabn_table2_capacity_point:
         " > {log} 2>&1"
 
 
-def simulated_std_bn_point(wildcards):
-    """As :func:`std_bn_point`, among the simulated points of the same data set."""
-    if wildcards.mode != "fixed_batch":
-        return []
-    return [paths.point_json("iabn_table2_capacity", RUN,
-                             f"simulated_{wildcards.dataset}_{wildcards.body}_bn_fixed_crop")]
-
-
 def simulated_capacity_args(wildcards):
-    """The data set's classes and crop, and the batch (FIXED CROP: where the search starts;
-    FIXED BATCH: the STD-BN FIXED CROP point's)."""
+    """The data set's classes and crop, and the batch option (:func:`batch_option`)."""
     dataset = TABLE2_SIMULATED["datasets"][wildcards.dataset]
-    batch = (f"--batch-from {simulated_std_bn_point(wildcards)[0]}"
-             if wildcards.mode == "fixed_batch"
-             else f"--batch {TABLE2_SIMULATED['bodies'][wildcards.body]['batch']}")
     return (f"--dataset {wildcards.dataset} --classes {dataset['classes']}"
-            f" --crop {dataset['crops'][wildcards.body]} {batch}")
+            f" --crop {dataset['crops'][wildcards.body]}"
+            f" {batch_option(wildcards, TABLE2_SIMULATED['bodies'])}")
 
 
 rule iabn_table2_capacity_simulated_point:
     """InPlace-ABN Table 2 brackets at the paper's sizes (full width, the paper's crops, 12 GiB
     per GPU), every probe's training step simulated on the meta device: tensor memory, no GPU."""
     input:
-        std_bn=simulated_std_bn_point,
+        std_bn=std_bn_point,
         code=code("experiments.iabn_table2_capacity"),
     output:
         paths.point_json("iabn_table2_capacity", RUN, "simulated_{dataset}_{body}_{norm}_{mode}"),

@@ -134,17 +134,18 @@ def _check_inplace_input(x, weight, eps, scale_mode):
         return None
     # A compiled graph is functionalized (AOTAutograd turns the in-place write into a new
     # value), so the hazards of an eager in-place write checked here do not arise there.
-    if x.requires_grad and x.is_leaf and not torch.compiler.is_compiling():
-        raise ValueError(
-            "input is a leaf tensor that requires grad: an in-place layer would overwrite it; "
-            "pass a non-leaf tensor (e.g. the output of a convolution) or input.clone()"
-        )
-    if (x.requires_grad and not torch.compiler.is_compiling()
-            and isinstance(x.grad_fn, _InPlaceABN._backward_cls)):
-        raise ValueError(
-            "input is the output of another in-place ABN layer, which saved it for its "
-            "backward; overwriting it would corrupt that layer's gradient: pass input.clone()"
-        )
+    if x.requires_grad and not torch.compiler.is_compiling():
+        if x.is_leaf:
+            raise ValueError(
+                "input is a leaf tensor that requires grad: an in-place layer would overwrite "
+                "it; pass a non-leaf tensor (e.g. the output of a convolution) or input.clone()"
+            )
+        if isinstance(x.grad_fn, _InPlaceABN._backward_cls):
+            raise ValueError(
+                "input is the output of another in-place ABN layer, which saved it for its "
+                "backward; overwriting it would corrupt that layer's gradient: pass "
+                "input.clone()"
+            )
     differentiable = x.requires_grad or (weight is not None and weight.requires_grad)
     if not (differentiable and scale_mode == "bn" and weight is not None):
         return None

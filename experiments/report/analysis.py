@@ -85,12 +85,18 @@ def measured_points(frame):
     return frame[~simulated_rows(frame)]
 
 
+def _simulated_records(frame, kind):
+    """The simulated rows of ``frame`` whose ``kind`` is ``kind``."""
+    if "kind" not in frame:
+        return frame.iloc[:0]
+    return frame[simulated_rows(frame) & frame["kind"].eq(kind)]
+
+
 def simulated_memory_vs_depth(frame):
     """Per simulated ``(impl, depth)`` of ``densenet_fig4_memory`` (``--simulate`` points):
     ``param_count``, ``peak_gib`` (simulated tensor memory of a training step), ``fits`` (within
     the budget) and the peak by kind (``*_gib``), sorted by implementation and depth."""
-    rows = frame[simulated_rows(frame) & frame.get("kind", pd.Series(index=frame.index)).eq(
-        "simulated_depth")]
+    rows = _simulated_records(frame, "simulated_depth")
     if rows.empty:
         return pd.DataFrame(columns=["impl", "depth", "param_count", "peak_gib", "fits",
                                      "budget_gib"])
@@ -112,8 +118,7 @@ def simulated_deepest(frame):
     simulated step fits the budget; NaN if none), ``param_count``, ``peak_gib``, ``capped``
     (the search stopped at ``max_depth``, which fits), ``max_depth``, ``first_failing_depth``
     and ``budget_gib``."""
-    rows = frame[simulated_rows(frame) & frame.get("kind", pd.Series(index=frame.index)).eq(
-        "simulated_deepest")]
+    rows = _simulated_records(frame, "simulated_deepest")
     if rows.empty:
         return pd.DataFrame(columns=["impl", "depth", "param_count", "peak_gib", "capped",
                                      "max_depth", "first_failing_depth", "budget_gib"])

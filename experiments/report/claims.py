@@ -100,6 +100,13 @@ SAVED_BYTES = ("bytes autograd keeps for backward (saved-tensor hooks, plus the 
                "storages), the same on every device")
 
 
+#: Why a verdict on simulated points is only that.
+SIMULATED_NOTE = ("judged on simulated tensor memory (training steps on the meta device, no "
+                  "GPU): not the CUDA caching allocator's rounding and fragmentation, cuDNN "
+                  "workspaces or the CUDA context, so a GPU fits somewhat less; a GPU run judges "
+                  "real allocation")
+
+
 def _fitting(frame):
     """``densenet_fig4_memory`` rows whose step ran, indexed by ``(impl, depth)``."""
     table = analysis.memory_vs_depth(frame)
@@ -120,6 +127,15 @@ def _peak_ratio(frame, impl, depth, base_impl="naive", base_depth=None):
     except KeyError:
         return None
     return None if pd.isna(ratio) else ratio
+
+
+def _deepest_fitted(frame, impl):
+    """``(deepest depth whose step fitted or None, first depth out of memory or NaN)`` of
+    ``impl`` among the run's real points."""
+    fitted = _fitting(frame).reset_index().groupby("impl")["depth"].max()
+    table = analysis.memory_vs_depth(frame)
+    out = table[(table["impl"] == impl) & (table["status"] != analysis.FITS)]["depth"].min()
+    return fitted.get(impl), out
 
 
 def _deepest_common(fits, impls):
@@ -201,10 +217,7 @@ def _growth_order(claim, frame):
 def _deepest_that_fits(claim, frame):
     fits = _fitting(frame)
     fitted = fits.reset_index().groupby("impl")["depth"].max()
-    table = analysis.memory_vs_depth(frame)
-    first_out = table[(table["impl"] == "shared")
-                      & (table["status"] != analysis.FITS)]["depth"].min()
-    shared = fitted.get("shared")
+    shared, first_out = _deepest_fitted(frame, "shared")
     measured = ("shared storage: fitted at no depth" if shared is None else
                 f"shared storage: deepest that fitted {shared} layers "
                 f"({fits.loc[('shared', shared), 'param_count'] / 1e6:.1f}M parameters)")
@@ -270,12 +283,10 @@ def _deepest_simulated(claim, simulated, frame):
     if row["budget_gib"] > budget * (1 + 1e-6):
         return Outcome(measured, NOT_MEASURED, f"the simulated budget is {row['budget_gib']:g} "
                        f"GiB, more than the claim's {budget:g} GB")
-    how = ("; judged on simulated tensor memory (training steps on the meta device): not the "
-           "CUDA caching allocator's rounding and fragmentation, cuDNN workspaces or the CUDA "
-           "context, so a GPU fits somewhat less; a GPU run judges real allocation")
     return _nearly_verdict(claim, measured, f"{row['budget_gib']:g}", row["depth"],
                            row["first_failing_depth"],
-                           f"the search stopped at {row['max_depth']:g} layers", how)
+                           f"the search stopped at {row['max_depth']:g} layers",
+                           f"; {SIMULATED_NOTE}")
 
 
 #: "More than N layers need more than the budget": the deepest fitting depth within this
@@ -294,12 +305,7 @@ def _naive_depth_limit(claim, frame):
                  "reason for having no PyTorch naive implementation), so a PyTorch naive network "
                  "may fit deeper")
     if _device(frame) == "cuda":
-        fits = _fitting(frame)
-        table = analysis.memory_vs_depth(frame)
-        naive_fits = fits.reset_index().query("impl == 'naive'")["depth"]
-        first_out = table[(table["impl"] == "naive")
-                          & (table["status"] != analysis.FITS)]["depth"].min()
-        deepest = naive_fits.max() if len(naive_fits) else None
+        deepest, first_out = _deepest_fitted(frame, "naive")
         measured = (f"naive: deepest that fitted {deepest} layers; "
                     + ("none out of memory" if pd.isna(first_out)
                        else f"out of memory from {int(first_out)} layers"))
@@ -320,8 +326,7 @@ def _naive_depth_limit(claim, frame):
         return Outcome(measured, NOT_MEASURED, f"{criterion}; the search stopped at "
                        f"{row['max_depth']:g} layers")
     ok = not pd.isna(row["depth"]) and low <= row["depth"] <= high
-    return Outcome(measured, verdict(ok), f"{criterion}; judged on simulated tensor memory "
-                   "(training steps on the meta device, allocator and workspaces not counted)")
+    return Outcome(measured, verdict(ok), f"{criterion}; {SIMULATED_NOTE}")
 
 
 @evaluates("densenet_shared_time_overhead")
@@ -432,14 +437,6 @@ CAPACITY_MODES = {"fixed_crop": "FIXED CROP", "fixed_batch": "FIXED BATCH"}
 CAPACITY_DATASETS = {"cityscapes": "Cityscapes", "cocostuff": "COCO-Stuff"}
 
 
-#: The ``memory`` of capacity points simulated on the meta device.
-SIMULATED_MEMORY = "simulated_meta_device"
-SIMULATED_NOTE = ("judged on simulated tensor memory (every probe's training step on the meta "
-                  "device, no GPU): not the CUDA caching allocator's rounding and "
-                  "fragmentation, cuDNN workspaces or the CUDA context; a GPU run judges real "
-                  "allocation")
-
-
 def _capacity_summary(table, frame):
     """``"ResNeXt-101 FIXED CROP: 3 x 512^2 -> 6 x 512^2 (+100%); ... (scale)"`` of one kind of
     memory (``table``: :func:`capacity_gain` rows of it, ``frame``: its CSV rows), data set by
@@ -465,12 +462,11 @@ def _iabn_data_increase(claim, frame):
     from ..iabn_table2_capacity import capacity_gain  # imports torch; move to analysis.py to avoid
 
     table = capacity_gain(frame)
-    simulated = table["memory"] == SIMULATED_MEMORY
-    memory = frame["memory"].astype(object).fillna("") if "memory" in frame else ""
+    simulated = table["memory"] == analysis.SIMULATED
+    simulated_frame = analysis.simulated_rows(frame)
     parts = {name: (table[rows].reset_index(drop=True), frame[frame_rows])
-             for name, rows, frame_rows in (("real", ~simulated, memory != SIMULATED_MEMORY),
-                                            ("simulated", simulated,
-                                             memory == SIMULATED_MEMORY))
+             for name, rows, frame_rows in (("real", ~simulated, ~simulated_frame),
+                                            ("simulated", simulated, simulated_frame))
              if rows.any()}
     # A GPU run is judged on real allocation; elsewhere the simulated paper-scale points judge.
     judged = "real" if _device(frame) == "cuda" or "simulated" not in parts else "simulated"
