@@ -32,6 +32,15 @@ whatever the per-rank batch sizes (InPlace-ABN^sync). Each rank's ``weight``/``b
 is its own share of the full-batch gradient, as with ``nn.SyncBatchNorm``: summing them over
 ranks gives the full-batch gradient.
 
+Dtypes: the input may be float64, float32, float16 or bfloat16. 16-bit inputs are read and
+written as 16 bits and computed in float32 (:mod:`layers.kernels.codecs`), as
+``nn.BatchNorm2d`` does under ``torch.autocast``: the output and the input gradient have the
+input's dtype, the statistics and the backward reductions accumulate in float32 blocks summed
+in float64, and the weight, bias and running statistics keep their own dtype (float32 in a
+model trained under autocast). Layouts: contiguous and channels-last inputs are read in place
+(the kernels' ``(N, C, S)`` and ``(M, C)`` views); any other layout, and an incoming gradient
+laid out unlike the output, is copied once into a canonical view.
+
 Every kernel call goes through the custom operators of :mod:`layers.ops`, whose fake
 implementations let these functions run on ``FakeTensorMode`` and ``meta`` tensors (shapes
 only) and under ``torch.compile(fullgraph=True)``; the value checks that need data (the
@@ -48,7 +57,7 @@ from torch.autograd.function import once_differentiable
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import distributed, ops
-from .kernels import backend, common
+from .kernels import backend, codecs, common
 
 #: Activations of ``abn``; name -> (kernel code, default parameter).
 ACTIVATIONS = {
@@ -61,7 +70,8 @@ ACTIVATIONS = {
 INVERTIBLE_ACTIVATIONS = ("leaky_relu", "elu", "identity")
 VARIANTS = ("I", "II")
 SCALE_MODES = ("abs", "bn")
-DTYPES = (torch.float32, torch.float64)
+#: Input dtypes; float16 and bfloat16 compute in float32 (see the module docstring).
+DTYPES = tuple(codecs.COMPUTE_DTYPES)
 
 
 # --------------------------------------------------------------------------- validation
@@ -101,7 +111,8 @@ def check_choice(name, value, allowed):
 def _check_input(x, weight, bias, running_mean, running_var, training, eps, momentum):
     if not isinstance(x, torch.Tensor) or x.dtype not in DTYPES:
         dtype = getattr(x, "dtype", type(x).__name__)
-        raise TypeError(f"input must be a float32 or float64 tensor, got {dtype}")
+        allowed = ", ".join(str(d).replace("torch.", "") for d in DTYPES)
+        raise TypeError(f"input must be a tensor of one of {allowed}, got {dtype}")
     if x.dim() < 2:
         raise ValueError(f"input must have shape (N, C, *), got {tuple(x.shape)}")
     channels = x.shape[1]
@@ -114,6 +125,8 @@ def _check_input(x, weight, bias, running_mean, running_var, training, eps, mome
             )
         if t is not None and t.device != x.device:
             raise ValueError(f"{name} is on {t.device}, input on {x.device}")
+        if t is not None and not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
     if (running_mean is None) != (running_var is None):
         raise ValueError("running_mean and running_var must be given together")
     if not training and running_mean is None:
@@ -455,9 +468,10 @@ def _apply(view, out_view, channel, act, slope, skip=None):
     """``out = act(gamma * (x - mean) * rstd + beta)`` on canonical views (``skip``: that of
     :func:`normalize_activate_into`, in place only)."""
     gamma, beta, _, mean, rstd, _ = channel
+    compute = codecs.compute_dtype(view.dtype)
     a = gamma * rstd
-    b = (beta - mean * a).to(view.dtype)
-    a = a.to(view.dtype)
+    b = (beta - mean * a).to(compute)
+    a = a.to(compute)
     if out_view is view:
         ops.scale_shift_act_(view, a, b, act, slope, skip)
     else:
@@ -539,7 +553,8 @@ def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True, poison
         p, q = rstd, -mean * rstd
     else:  # v recovered from z; p, q only used by variant I
         p, q = 1.0 / gamma, -beta / gamma
-    p, q = p.to(z.dtype), q.to(z.dtype)
+    compute = codecs.compute_dtype(z.dtype)
+    p, q = p.to(compute), q.to(compute)
     local = ops.backward_reduce(z_view, dz_view, x_view, p, q, spec.act, spec.slope, spec.mode)
     if poison is not None:
         local = torch.where(poison, math.nan, local)
@@ -550,7 +565,7 @@ def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True, poison
         coef = _input_gradient_coefficients(channel, sums, spec.training, variant_y)
         if poison is not None:  # dx = dy * k0 + v * k1 + k2: NaN wherever the k are
             coef = torch.where(poison, math.nan, coef)
-        dx_view = ops.backward_input(z_view, dz_view, x_view, p, q, coef.to(z.dtype), spec.act,
+        dx_view = ops.backward_input(z_view, dz_view, x_view, p, q, coef.to(compute), spec.act,
                                      spec.slope, spec.mode)
         dx = _unview(dx_view, layout, z.shape)
     dgamma = (local[1] - beta * local[0]) / gamma if variant_y else local[1]

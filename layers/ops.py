@@ -92,7 +92,8 @@ def _(x, out, gamma, beta, eps, act, slope):
 @custom_op("layers::scale_shift_act_", mutates_args=("x",))
 def scale_shift_act_(x: Tensor, a: Tensor, b: Tensor, act: int, slope: float,
                      skip: Optional[Tensor] = None) -> None:
-    """``x = act(x * a + b)`` per channel, in place (``a``, ``b`` of ``x``'s dtype)."""
+    """``x = act(x * a + b)`` per channel, in place (``a``, ``b`` in the compute dtype of
+    ``x``: float32 for 16-bit data)."""
     backend(x).forward(x, x, a, b, act, slope, **_guard(skip))
 
 

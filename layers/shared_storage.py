@@ -61,10 +61,22 @@ class SharedStorage:
                                                      device=like.device)
 
     def view(self, shape, like):
-        """A contiguous tensor of ``shape`` at the start of the buffer (uninitialised)."""
+        """A tensor of ``shape`` at the start of the buffer (uninitialised), laid out as
+        ``like``: channels-last if ``like`` is a channels-last 4-D tensor, else contiguous,
+        so that a network run in ``torch.channels_last`` never converts layouts."""
         numel = math.prod(shape)
         self.reserve(numel, like)
-        return self._buffers[like.device][:numel].view(shape)
+        flat = self._buffers[like.device][:numel]
+        if _is_channels_last(like):
+            n, c, h, w = shape
+            return flat.view(n, h, w, c).permute(0, 3, 1, 2)
+        return flat.view(shape)
+
+
+def _is_channels_last(x):
+    """Whether ``x`` is laid out channels-last (and not also contiguous, as when C = 1)."""
+    return (x.dim() == 4 and not x.is_contiguous()
+            and x.is_contiguous(memory_format=torch.channels_last))
 
 
 class SharedStorages:
@@ -157,12 +169,24 @@ def _concat(features, storages):
     return torch.cat(features, 1, out=storages.concat.view(shape, first))
 
 
-def _conv_grads(grad_out, y, weight, stride, padding, input_grad, weight_grad):
-    """``(dy, dweight)`` of ``conv2d(y, weight)`` (no bias, dilation 1, one group)."""
+def _conv_dtype(y):
+    """The dtype ``F.conv2d`` computes in for input ``y``: the autocast dtype while autocast
+    is on for ``y``'s device (it casts input and weight), else ``y``'s own."""
+    device = y.device.type
+    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return y.dtype
+
+
+def _conv_grads(grad_out, y, weight, stride, padding, input_grad, weight_grad, dtype):
+    """``(dy, dweight)`` of ``conv2d(y, weight)`` (no bias, dilation 1, one group) computed in
+    ``dtype``, as the forward's convolution was; returned in ``y``'s and ``weight``'s dtypes.
+    """
     dy, dweight, _ = torch.ops.aten.convolution_backward(
-        grad_out, y, weight, None, stride, padding, (1, 1), False, (0, 0), 1,
-        [input_grad, weight_grad, False])
-    return dy, dweight
+        grad_out.to(dtype), y.to(dtype), weight.to(dtype), None, stride, padding, (1, 1),
+        False, (0, 0), 1, [input_grad, weight_grad, False])
+    return (None if dy is None else dy.to(y.dtype),
+            None if dweight is None else dweight.to(weight.dtype))
 
 
 class _ConcatNormActConv(torch.autograd.Function):
@@ -181,6 +205,7 @@ class _ConcatNormActConv(torch.autograd.Function):
                                                 spec.training, spec.group, norm_weight,
                                                 norm_bias)
         ctx.storages, ctx.stride, ctx.padding = storages, stride, padding
+        ctx.conv_dtype = _conv_dtype(y)
         ctx.save_for_backward(conv_weight, norm_weight, norm_bias, channel, *features)
         return F.conv2d(y, conv_weight, None, stride, padding)
 
@@ -198,7 +223,7 @@ class _ConcatNormActConv(torch.autograd.Function):
             y = ctx.storages.normalized.view(x.shape, x)
             reapply_into(x, y, channel, spec.act, spec.slope)
         dy, dconv = _conv_grads(grad_out, y, conv_weight, ctx.stride, ctx.padding,
-                                feature_grad or norm_grad, needs[4])
+                                feature_grad or norm_grad, needs[4], ctx.conv_dtype)
         dnorm_weight = dnorm_bias = None
         dx = dy
         if channel is not None and dy is not None:

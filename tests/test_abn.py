@@ -385,7 +385,7 @@ def non_leaf(shape=(2, 3, 4), dtype=torch.float32):
 
 @pytest.mark.parametrize("build,call,match", [
     (lambda: layers.InPlaceABN(3), lambda m: m(torch.ones(2, 3, 4, dtype=torch.int64)),
-     "float32 or float64"),
+     "one of float64, float32, float16, bfloat16"),
     (lambda: layers.InPlaceABN(3), lambda m: m(non_leaf((2, 4, 4))), "weight has shape"),
     (lambda: layers.InPlaceABN(3), lambda m: m(non_leaf((3,))), r"\(N, C, \*\)"),
     (lambda: layers.InPlaceABN(3, activation="relu"), None, "relu is not invertible"),

@@ -1,7 +1,8 @@
 """The layers end to end on the CUDA kernels, under numba's CUDA simulator.
 
 Re-runs every ``kernels``-marked test of ``test_abn.py`` (small shapes, float64 against the
-composite PyTorch ops) with ``LAYERS_KERNELS=cudasim``, in a subprocess because the simulator
+composite PyTorch ops) and of ``test_abn_dtypes.py`` (float16 and bfloat16 inputs) with
+``LAYERS_KERNELS=cudasim``, in a subprocess because the simulator
 is chosen when ``layers`` is imported.
 """
 import os
@@ -15,7 +16,8 @@ def test_layers_on_cuda_kernels_under_simulator():
     env = {**os.environ, "LAYERS_KERNELS": "cudasim"}
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-m", "kernels", "-p", "no:cacheprovider",
-         os.path.join(ROOT, "tests", "test_abn.py")],
+         os.path.join(ROOT, "tests", "test_abn.py"),
+         os.path.join(ROOT, "tests", "test_abn_dtypes.py")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
     assert " passed" in run.stdout and "failed" not in run.stdout

@@ -10,6 +10,9 @@ Two modules implement one API on the canonical views of :mod:`layers.kernels.com
     backward_reduce(z, dz, x, p, q, act, slope, mode) -> (2, C) float64  # [sum dy, sum dy*v]
     backward_input(z, dz, x, p, q, coef, act, slope, mode, out)  # out = dy*k0 + v*k1 + k2
 
+Data arrays may hold float64, float32, float16 or bfloat16; per-channel vectors and scalars are
+in the compute dtype (float32 for 16-bit data, see :mod:`layers.kernels.codecs`).
+
 The CUDA backend's ``forward`` and ``moments_forward`` also take ``skip``, a ``(1,)`` bool
 tensor on the device: while it holds ``True`` they write nothing (``DEVICE_GUARD``), which lets
 :mod:`layers.functional` refuse an in-place forward on the device without a host

@@ -26,8 +26,6 @@ The backward kernels need, per element, a value ``v`` that the per-channel gradi
 """
 import math
 
-import numpy as np
-
 ACT_IDENTITY = 0
 ACT_LEAKY_RELU = 1  # ReLU is leaky ReLU with slope 0 (not invertible: never in MODE_Y*)
 ACT_ELU = 2
@@ -37,20 +35,23 @@ MODE_XHAT_FROM_Y = 1
 MODE_XHAT_FROM_X = 2
 
 
-def elu_saturated_y(dtype):
-    """``y`` assigned to ELU outputs at the saturation ``z = -alpha``, for data of ``dtype``.
+def elu_saturated_y(epsneg):
+    """``y`` assigned to ELU outputs at the saturation ``z = -alpha``, for data whose gap below
+    1 is ``epsneg`` (see :func:`layers.kernels.codecs.epsneg`).
 
     There ``1 + z / alpha`` rounded to zero and ``y`` cannot be recovered: it lies below
-    ``log(epsneg)`` (about -16.6 in float32, -36.7 in float64), the value used, as a scalar of
-    ``dtype``. Such elements have ``dL/dy = 0``, so the gradients stay finite.
+    ``log(epsneg)`` (about -16.6 in float32, -36.7 in float64, -7.6 in float16, -5.5 in
+    bfloat16: the precision ``z`` is stored in is what matters), the value used. Such
+    elements have ``dL/dy = 0``, so the gradients stay finite.
     """
-    return np.dtype(dtype).type(math.log(np.finfo(dtype).epsneg))
+    return math.log(epsneg)
 
 
-# The functions below are type-stable: every branch returns the type of the data (a float32
-# kernel computes in float32), so they take no float literal; ``slope`` and ``floor`` come as
-# scalars of the data's dtype. The activation is tested first and the sign in a conditional
-# expression, which LLVM turns into a branch-free select inside the kernels' loops.
+# The functions below are type-stable: every branch returns the type of its arguments (a
+# float32 kernel computes in float32, and so do 16-bit kernels, see ``codecs``), so they take
+# no float literal; ``slope`` and ``floor`` come as scalars of the compute dtype. The
+# activation is tested first and the sign in a conditional expression, which LLVM turns into a
+# branch-free select inside the kernels' loops.
 
 def act_forward(y, act, slope):
     """``z = act(y)``; ``slope`` is the leaky-ReLU slope or the ELU ``alpha``."""

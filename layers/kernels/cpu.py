@@ -5,14 +5,15 @@ Implements the backend API shared with :mod:`layers.kernels.cuda` (see
 ``act(x * a + b)``, and the two backward passes ``backward_reduce`` and ``backward_input``.
 Each takes torch CPU tensors in one of the canonical views of :mod:`layers.kernels.common`
 (3-D ``(N, C, S)`` or 2-D channels-last ``(M, C)``) and works on them zero-copy through
-``Tensor.numpy()``.
+``Tensor.numpy()``; float16 and bfloat16 tensors arrive as their 16-bit patterns and are
+converted in registers (:mod:`layers.kernels.codecs`).
 
 Memory traffic: in training, the in-place forward reads each channel once and writes it
 once (statistics and output back to back per channel, the second read hitting cache); the
 backward makes two reads for the reductions and two reads plus one write for the input
 gradient. Fusing the two backward passes per channel was measured not to help. In the
-``(N, C, S)`` view, sums are taken over blocks of ``_BLOCK`` elements in the data's precision
-and the block sums added in float64; the channels-last view does the same per channel over
+``(N, C, S)`` view, sums are taken over blocks of ``_BLOCK`` elements in the compute precision
+(the data's, float32 for 16-bit data) and the block sums added in float64; the channels-last view does the same per channel over
 blocks of ``_BLOCK`` rows. The statistics subtract a per-channel sample value first (shifted
 sums), so a large mean does not cancel the variance in float32.
 
@@ -45,14 +46,17 @@ import torch
 from numba.core import types
 from numba.extending import overload
 
-from . import caching, common
+from . import caching, codecs, common
 from .compose import compose_moments_forward
 from .common import ACT_ELU, ACT_IDENTITY, ACT_LEAKY_RELU, MODE_XHAT_FROM_X, MODE_XHAT_FROM_Y, \
     MODE_Y
 
 #: Source files besides this one whose code the kernels compile: their on-disk cache is keyed
 #: on them too (tests check that every compiled function comes from this file or these).
-DEPENDENCIES = (common.__file__,)
+DEPENDENCIES = (common.__file__, codecs.__file__)
+
+#: Element reads and writes: 16-bit data converts to float32 in registers (:mod:`.codecs`).
+load, store, compute_empty = codecs.compiled_for_cpu()
 
 _jit_scalar = caching.jit(numba.njit, DEPENDENCIES, inline="always")
 _act_forward = _jit_scalar(common.act_forward)
@@ -131,8 +135,8 @@ def _target_overload(out, x):
 def _shifted_row_sums(row, k):
     """``(sum(d), sum(d * d))`` over a 1-D ``row`` with ``d = row - k``, in float64.
 
-    ``k`` (a sample of the channel, in the data's dtype) removes the mean's magnitude first;
-    blocks of ``_BLOCK`` elements are then summed in the data's dtype, which vectorises at full
+    ``k`` (a sample of the channel, in the compute dtype) removes the mean's magnitude first;
+    blocks of ``_BLOCK`` elements are then summed in the compute dtype, which vectorises at full
     width, and the block sums are added up in float64.
     """
     s1 = 0.0
@@ -142,7 +146,7 @@ def _shifted_row_sums(row, k):
         b1 = k - k
         b2 = k - k
         for t in range(block.size):
-            d = block[t] - k
+            d = load(block[t]) - k
             b1 += d
             b2 += d * d
         s1 += b1
@@ -161,11 +165,11 @@ def _moments_ncs(x):
     n, c, s = x.shape
     shift = np.empty(c, np.float64)
     for j in range(c):
-        shift[j] = x[0, j, 0]
+        shift[j] = load(x[0, j, 0])
     partial = np.zeros((2, n, c), np.float64)
     for row in numba.prange(n * c):
         i, j = row // c, row % c
-        partial[0, i, j], partial[1, i, j] = _shifted_row_sums(x[i, j], x[0, j, 0])
+        partial[0, i, j], partial[1, i, j] = _shifted_row_sums(x[i, j], load(x[0, j, 0]))
     out = np.empty((2, c), np.float64)
     out[0], out[1] = _finish_moments(partial[0].sum(axis=0), partial[1].sum(axis=0), shift,
                                      n * s)
@@ -183,19 +187,21 @@ def _add_block_sums(totals, b0, b1):
 @_parallel_reduction
 def _moments_mc(x, chunks):
     m, c = x.shape
-    shift = x[0].copy()  # in the data's dtype, so the subtraction stays in it
+    shift = compute_empty(c, x)  # in the compute dtype, so the subtraction stays in it
+    for j in range(c):
+        shift[j] = load(x[0, j])
     partial = np.zeros((chunks, 2, c), np.float64)
     for blk in numba.prange(chunks):
         start, stop = blk * m // chunks, (blk + 1) * m // chunks
-        b1 = np.empty(c, x.dtype)
-        b2 = np.empty(c, x.dtype)
+        b1 = compute_empty(c, x)
+        b2 = compute_empty(c, x)
         for first in range(start, stop, _BLOCK):  # blocks of _BLOCK rows per channel
             b1[:] = 0
             b2[:] = 0
             for r in range(first, min(first + _BLOCK, stop)):
                 row = x[r]
                 for j in range(c):
-                    d = row[j] - shift[j]
+                    d = load(row[j]) - shift[j]
                     b1[j] += d
                     b2[j] += d * d
             _add_block_sums(partial[blk], b1, b2)
@@ -213,7 +219,7 @@ def _moments_mc(x, chunks):
 def _forward_row(act, mode, args):
     src, dst, a, b, slope = args
     for t in range(src.size):
-        dst[t] = _act_forward(src[t] * a + b, act, slope)
+        dst[t] = store(_act_forward(load(src[t]) * a + b, act, slope), dst)
 
 
 @_jit_scalar
@@ -221,7 +227,7 @@ def _forward_rows(act, mode, args):
     x, out, start, stop, a, b, slope = args
     for r in range(start, stop):
         for j in range(x.shape[1]):
-            out[r, j] = _act_forward(x[r, j] * a[j] + b[j], act, slope)
+            out[r, j] = store(_act_forward(load(x[r, j]) * a[j] + b[j], act, slope), out)
 
 
 @_jit_scalar
@@ -231,13 +237,13 @@ def _reduce_row(act, mode, args):
     s1 = 0.0
     for start in range(0, z.size, _BLOCK):
         zb, dzb, xb = z[start:start + _BLOCK], dz[start:start + _BLOCK], x[start:start + _BLOCK]
-        b0 = slope - slope  # block sums in the data's dtype, as in _shifted_row_sums
+        b0 = slope - slope  # block sums in the compute dtype, as in _shifted_row_sums
         b1 = slope - slope
         for t in range(zb.size):
-            zt = zb[t]
-            dy = _act_grad(zt, dzb[t], act, slope)
+            zt = load(zb[t])
+            dy = _act_grad(zt, load(dzb[t]), act, slope)
             b0 += dy
-            b1 += dy * _backward_value(zt, xb[t], p, q, act, slope, floor, mode)
+            b1 += dy * _backward_value(zt, load(xb[t]), p, q, act, slope, floor, mode)
         s0 += b0
         s1 += b1
     return s0, s1
@@ -247,18 +253,19 @@ def _reduce_row(act, mode, args):
 def _reduce_rows(act, mode, args):
     z, dz, x, start, stop, p, q, slope, floor, sums = args
     c = z.shape[1]
-    b0 = np.empty(c, z.dtype)  # block sums in the data's dtype, as in _moments_mc
-    b1 = np.empty(c, z.dtype)
+    b0 = compute_empty(c, z)  # block sums in the compute dtype, as in _moments_mc
+    b1 = compute_empty(c, z)
     for first in range(start, stop, _BLOCK):
         b0[:] = 0
         b1[:] = 0
         for r in range(first, min(first + _BLOCK, stop)):
             zr, dzr, xr = z[r], dz[r], x[r]
             for j in range(c):
-                zt = zr[j]
-                dy = _act_grad(zt, dzr[j], act, slope)
+                zt = load(zr[j])
+                dy = _act_grad(zt, load(dzr[j]), act, slope)
                 b0[j] += dy
-                b1[j] += dy * _backward_value(zt, xr[j], p[j], q[j], act, slope, floor, mode)
+                b1[j] += dy * _backward_value(zt, load(xr[j]), p[j], q[j], act, slope, floor,
+                                              mode)
         _add_block_sums(sums, b0, b1)
 
 
@@ -266,10 +273,10 @@ def _reduce_rows(act, mode, args):
 def _input_row(act, mode, args):
     z, dz, x, p, q, k0, k1, k2, slope, floor, out = args
     for t in range(z.size):
-        zt = z[t]
-        dy = _act_grad(zt, dz[t], act, slope)
-        v = _backward_value(zt, x[t], p, q, act, slope, floor, mode)
-        out[t] = dy * k0 + v * k1 + k2
+        zt = load(z[t])
+        dy = _act_grad(zt, load(dz[t]), act, slope)
+        v = _backward_value(zt, load(x[t]), p, q, act, slope, floor, mode)
+        out[t] = store(dy * k0 + v * k1 + k2, out)
 
 
 @_jit_scalar
@@ -277,10 +284,10 @@ def _input_rows(act, mode, args):
     z, dz, x, start, stop, p, q, coef, slope, floor, out = args
     for r in range(start, stop):
         for j in range(z.shape[1]):
-            zt = z[r, j]
-            dy = _act_grad(zt, dz[r, j], act, slope)
-            v = _backward_value(zt, x[r, j], p[j], q[j], act, slope, floor, mode)
-            out[r, j] = dy * coef[0, j] + v * coef[1, j] + coef[2, j]
+            zt = load(z[r, j])
+            dy = _act_grad(zt, load(dz[r, j]), act, slope)
+            v = _backward_value(zt, load(x[r, j]), p[j], q[j], act, slope, floor, mode)
+            out[r, j] = store(dy * coef[0, j] + v * coef[1, j] + coef[2, j], out)
 
 
 # --------------------------------------------------------------------------- kernels
@@ -292,15 +299,16 @@ def _moments_forward_ncs_inplace(x, gamma, beta, eps, act, slope, coef):
     for j in numba.prange(c):
         s1 = 0.0
         s2 = 0.0
+        shift = load(x[0, j, 0])
         for i in range(n):
-            r1, r2 = _shifted_row_sums(x[i, j], x[0, j, 0])
+            r1, r2 = _shifted_row_sums(x[i, j], shift)
             s1 += r1
             s2 += r2
-        mean, m2 = _finish_moments(s1, s2, x[0, j, 0], n * s)
+        mean, m2 = _finish_moments(s1, s2, shift, n * s)
         result[0, j] = mean
         result[1, j] = m2
         scale = gamma[j] / np.sqrt(m2 / (n * s) + eps)
-        coef[0, j] = scale  # through coef, a and b take the data's dtype
+        coef[0, j] = scale  # through coef, a and b take the compute dtype
         coef[1, j] = beta[j] - mean * scale
         for i in range(n):
             row = x[i, j]
@@ -371,8 +379,8 @@ def _backward_input_mc(z, dz, x, p, q, coef, act, slope, floor, mode, out, chunk
 
 # --------------------------------------------------------------------------- API
 def _np(t):
-    """Zero-copy numpy view of a CPU tensor."""
-    return t.detach().numpy()
+    """Zero-copy numpy view of a CPU tensor, 16-bit data as its bits (:mod:`.codecs`)."""
+    return codecs.cpu_array(t)
 
 
 def _in_place(out, x):
@@ -421,8 +429,14 @@ def _nan_moments(x):
 
 
 def _scalar(value, like):
-    """``value`` as a numpy scalar of ``like``'s dtype, so float32 loops stay in float32."""
-    return like.dtype.type(value)
+    """``value`` as a numpy scalar of the compute type of ``like``'s data, so float32 (and
+    16-bit) loops stay in float32."""
+    return codecs.compute_scalar(value, like)
+
+
+def _elu_floor(t):
+    """``common.elu_saturated_y`` for the data of tensor ``t``, as a compute-type scalar."""
+    return _scalar(common.elu_saturated_y(codecs.epsneg(t.dtype)), _np(t))
 
 
 def moments(x):
@@ -454,7 +468,7 @@ def moments_forward(x, out, gamma, beta, eps, act, slope):
         return compose_moments_forward(sys.modules[__name__], x, out, gamma, beta, eps, act,
                                        slope)
     xa = _np(x)
-    coef = np.empty((2, x.shape[1]), xa.dtype)
+    coef = compute_empty((2, x.shape[1]), xa)
     return torch.from_numpy(_moments_forward_ncs_inplace(xa, _np(gamma), _np(beta), float(eps),
                                                          act, _scalar(slope, xa), coef))
 
@@ -479,7 +493,7 @@ def backward_reduce(z, dz, x, p, q, act, slope, mode):
     _follow_torch_threads()
     za = _np(z)
     args = (za, _np(dz), _np(x), _np(p), _np(q), act, _scalar(slope, za),
-            common.elu_saturated_y(za.dtype), mode)
+            _elu_floor(z), mode)
     if z.dim() == 3:
         return torch.from_numpy(_backward_reduce_ncs(*args))
     return torch.from_numpy(_backward_reduce_mc(*args, _reduction_chunks(z.shape[0])))
@@ -492,7 +506,7 @@ def backward_input(z, dz, x, p, q, coef, act, slope, mode, out):
     _follow_torch_threads()
     za = _np(z)
     args = (za, _np(dz), _np(x), _np(p), _np(q), _np(coef), act, _scalar(slope, za),
-            common.elu_saturated_y(za.dtype), mode, _np(out))
+            _elu_floor(z), mode, _np(out))
     if z.dim() == 3:
         _backward_input_ncs(*args)
     else:

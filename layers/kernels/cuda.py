@@ -37,6 +37,13 @@ a mean far larger than its spread keeps its variance (no cancellation between ``
 ``mean^2``). The first kernel parks ``k`` in the mean row of the result, where the second adds the
 mean of the shifted values to it.
 
+Data types
+----------
+float32 and float64 data compute in their own precision; float16 (a native numba.cuda type)
+and bfloat16 (passed as ``uint16`` bits) are loaded into float32 registers and stored back as
+16 bits (:mod:`layers.kernels.codecs`), so the per-channel vectors and scalars are float32.
+The partial sums of the reductions are float64 in every case.
+
 Launching
 ---------
 Kernels are compiled lazily, once per signature, and cached on disk; importing this module
@@ -64,15 +71,17 @@ import numpy as np
 import torch
 from numba import cuda
 
-from . import caching, common
+from . import caching, codecs, common
 from .common import MODE_XHAT_FROM_X, MODE_XHAT_FROM_Y
 from .compose import compose_moments_forward
 
 #: Source files besides this one whose code the kernels compile (keys of the disk cache).
-DEPENDENCIES = (common.__file__,)
+DEPENDENCIES = (common.__file__, codecs.__file__)
 
 #: Whether numba.cuda is the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1`` before its import).
 SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
+#: Element reads and writes: 16-bit data converts to float32 in registers (:mod:`.codecs`).
+load, store = codecs.compiled_for_cuda()
 
 #: ``forward`` and ``moments_forward`` take ``skip``, a device-side flag that makes them write
 #: nothing: :mod:`layers.functional` checks an in-place ``scale_mode="bn"`` layer's weight on
@@ -182,12 +191,12 @@ def _sum_chunks(partials, c):
 def _moments_3d(x, span, out, partials):
     """Partials of ``sum(x - k)``, ``sum((x - k)^2)``; parks ``k = x[0, c, 0]`` in ``out[0, c]``."""
     c = cuda.blockIdx.x
-    k = float(x[0, c, 0])
+    k = float(load(x[0, c, 0]))
     acc1 = 0.0
     acc2 = 0.0
     j, end, n, s, dn, ds = _walk_start_3d(x.shape[0] * x.shape[2], span, x.shape[2])
     while j < end:
-        d = float(x[n, c, s]) - k
+        d = float(load(x[n, c, s])) - k
         acc1 += d
         acc2 += d * d
         j, n, s = _walk_next_3d(j, n, s, dn, ds, x.shape[2])
@@ -208,9 +217,9 @@ def _grad_sums_3d(z, dz, x, p, q, act, slope, floor, mode, span, partials):
     acc2 = 0.0
     j, end, n, s, dn, ds = _walk_start_3d(z.shape[0] * z.shape[2], span, z.shape[2])
     while j < end:
-        zv = z[n, c, s]
-        xv = x[n, c, s] if mode == MODE_XHAT_FROM_X else zv
-        dy, v = _dy_v(zv, dz[n, c, s], xv, pc, qc, act, slope, floor, mode)
+        zv = load(z[n, c, s])
+        xv = load(x[n, c, s]) if mode == MODE_XHAT_FROM_X else zv
+        dy, v = _dy_v(zv, load(dz[n, c, s]), xv, pc, qc, act, slope, floor, mode)
         acc1 += dy
         acc2 += float(dy) * v
         j, n, s = _walk_next_3d(j, n, s, dn, ds, z.shape[2])
@@ -229,7 +238,7 @@ def _forward_3d(x, out, a, b, act, slope, span, skip):
     bc = b[c]
     j, end, n, s, dn, ds = _walk_start_3d(x.shape[0] * x.shape[2], span, x.shape[2])
     while j < end:
-        out[n, c, s] = _act_forward(x[n, c, s] * ac + bc, act, slope)
+        out[n, c, s] = store(_act_forward(load(x[n, c, s]) * ac + bc, act, slope), out)
         j, n, s = _walk_next_3d(j, n, s, dn, ds, x.shape[2])
 
 
@@ -243,10 +252,10 @@ def _grad_input_3d(z, dz, x, p, q, coef, act, slope, floor, mode, span, out):
     c2 = coef[2, c]
     j, end, n, s, dn, ds = _walk_start_3d(z.shape[0] * z.shape[2], span, z.shape[2])
     while j < end:
-        zv = z[n, c, s]
-        xv = x[n, c, s] if mode == MODE_XHAT_FROM_X else zv
-        dy, v = _dy_v(zv, dz[n, c, s], xv, pc, qc, act, slope, floor, mode)
-        out[n, c, s] = dy * c0 + v * c1 + c2
+        zv = load(z[n, c, s])
+        xv = load(x[n, c, s]) if mode == MODE_XHAT_FROM_X else zv
+        dy, v = _dy_v(zv, load(dz[n, c, s]), xv, pc, qc, act, slope, floor, mode)
+        out[n, c, s] = store(dy * c0 + v * c1 + c2, out)
         j, n, s = _walk_next_3d(j, n, s, dn, ds, z.shape[2])
 
 
@@ -260,9 +269,9 @@ def _moments_2d(x, span, out, partials):
     acc1 = 0.0
     acc2 = 0.0
     if c < x.shape[1]:
-        k = float(x[0, c])
+        k = float(load(x[0, c]))
         while m < end:
-            d = float(x[m, c]) - k
+            d = float(load(x[m, c])) - k
             acc1 += d
             acc2 += d * d
             m += _ROWS
@@ -271,7 +280,7 @@ def _moments_2d(x, span, out, partials):
         partials[0, cuda.blockIdx.y, c] = s1
         partials[1, cuda.blockIdx.y, c] = s2
         if cuda.blockIdx.y == 0:
-            out[0, c] = x[0, c]
+            out[0, c] = float(load(x[0, c]))
 
 
 def _grad_sums_2d(z, dz, x, p, q, act, slope, floor, mode, span, partials):
@@ -283,9 +292,9 @@ def _grad_sums_2d(z, dz, x, p, q, act, slope, floor, mode, span, partials):
         pc = p[c]
         qc = q[c]
         while m < end:
-            zv = z[m, c]
-            xv = x[m, c] if mode == MODE_XHAT_FROM_X else zv
-            dy, v = _dy_v(zv, dz[m, c], xv, pc, qc, act, slope, floor, mode)
+            zv = load(z[m, c])
+            xv = load(x[m, c]) if mode == MODE_XHAT_FROM_X else zv
+            dy, v = _dy_v(zv, load(dz[m, c]), xv, pc, qc, act, slope, floor, mode)
             acc1 += dy
             acc2 += float(dy) * v
             m += _ROWS
@@ -304,7 +313,7 @@ def _forward_2d(x, out, a, b, act, slope, span, skip):
         ac = a[c]
         bc = b[c]
         while m < end:
-            out[m, c] = _act_forward(x[m, c] * ac + bc, act, slope)
+            out[m, c] = store(_act_forward(load(x[m, c]) * ac + bc, act, slope), out)
             m += _ROWS
 
 
@@ -318,10 +327,10 @@ def _grad_input_2d(z, dz, x, p, q, coef, act, slope, floor, mode, span, out):
         c1 = coef[1, c]
         c2 = coef[2, c]
         while m < end:
-            zv = z[m, c]
-            xv = x[m, c] if mode == MODE_XHAT_FROM_X else zv
-            dy, v = _dy_v(zv, dz[m, c], xv, pc, qc, act, slope, floor, mode)
-            out[m, c] = dy * c0 + v * c1 + c2
+            zv = load(z[m, c])
+            xv = load(x[m, c]) if mode == MODE_XHAT_FROM_X else zv
+            dy, v = _dy_v(zv, load(dz[m, c]), xv, pc, qc, act, slope, floor, mode)
+            out[m, c] = store(dy * c0 + v * c1 + c2, out)
             m += _ROWS
 
 
@@ -351,16 +360,23 @@ def _finish_sums(partials, out):
 # The kernel list: one place for the launchers, the PTX command line and the tests
 
 
+#: ``(array element, compute)`` types of the kernels' signatures, one per tensor dtype
+#: (float32, float64, float16, bfloat16 as its bits: see :mod:`.codecs`).
+_DATA_TYPES = (("float32", "float32"), ("float64", "float64"), ("float16", "float32"),
+               ("uint16", "float32"))
+
+
 def _signatures(args, ndim):
-    """``void(...)`` signatures of a kernel for float32 and float64 data.
+    """``void(...)`` signatures of a kernel for every data type of ``_DATA_TYPES``.
 
     ``args`` spells the arguments with ``{a}`` (a data array of ``ndim`` dimensions), ``{v}`` (a
-    ``(C,)`` vector), ``{m}`` (a small 2-D matrix) and ``{t}`` (a data scalar) in the data dtype;
-    the scalar types match what the launchers pass (python ints are int64).
+    ``(C,)`` vector), ``{m}`` (a small 2-D matrix) and ``{t}`` (a scalar); vectors, matrices
+    and scalars are in the compute type. The scalar types match what the launchers pass
+    (python ints are int64).
     """
-    data = "{t}[:, :, ::1]" if ndim == 3 else "{t}[:, ::1]"
+    data = "{s}[:, :, ::1]" if ndim == 3 else "{s}[:, ::1]"
     template = args.format(a=data, v="{t}[::1]", m="{t}[:, ::1]", t="{t}")
-    return tuple(f"void({template.format(t=t)})" for t in ("float32", "float64"))
+    return tuple(f"void({template.format(s=s, t=t)})" for s, t in _DATA_TYPES)
 
 
 _MOMENTS = "{a}, int64, float64[:, ::1], float64[:, :, ::1]"
@@ -416,8 +432,11 @@ def _external_stream(handle):
 
 
 def _array(t):
-    """The zero-copy array a kernel takes for tensor ``t`` (see the module docstring)."""
-    return t.detach().numpy() if SIMULATOR else cuda.as_cuda_array(t.detach(), sync=False)
+    """The zero-copy array a kernel takes for tensor ``t`` (see the module docstring; 16-bit
+    data as :mod:`.codecs` says)."""
+    if SIMULATOR:
+        return codecs.simulator_array(t)
+    return cuda.as_cuda_array(codecs.cuda_tensor(t), sync=False)
 
 
 def _launch(kernel, grid, block, device, *args):
@@ -432,14 +451,13 @@ def _launch(kernel, grid, block, device, *args):
 
 
 def _scalar(t, value):
-    """``value`` as a scalar of ``t``'s dtype, as the kernel signatures expect."""
-    return np.float32(value) if t.dtype == torch.float32 else float(value)
+    """``value`` as a scalar of the compute type of ``t``'s data, as the signatures expect."""
+    return float(value) if t.dtype == torch.float64 else np.float32(value)
 
 
 def _floor(t):
     """The ELU saturation ``y`` for ``t``'s dtype (``common.elu_saturated_y``)."""
-    return _scalar(t, common.elu_saturated_y(np.float32 if t.dtype == torch.float32
-                                                else np.float64))
+    return _scalar(t, common.elu_saturated_y(codecs.epsneg(t.dtype)))
 
 
 def _finish_grid(channels):

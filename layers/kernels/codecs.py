@@ -1,0 +1,208 @@
+"""16-bit floating-point data in the kernels: stored as 16 bits, computed in float32.
+
+numba has no ``bfloat16`` type on either target and no ``float16`` on the CPU, so the kernels
+receive such tensors as arrays of 16-bit integers holding the bits, and convert each element
+in registers: :func:`load` on every read, :func:`store` on every write. Everything in between
+(the activation, the statistics, the per-channel constants) runs in float32, and the sums in
+float32 blocks added up in float64, as for float32 data. float32 and float64 data pass through
+both functions unchanged.
+
+The array each backend receives for a tensor of each dtype (the element type tells
+:func:`load` and :func:`store` what the bits are, at compile time):
+
+=============  =========================  ==========================================
+tensor dtype   CPU kernels (numba.njit)   CUDA kernels (numba.cuda, and simulator)
+=============  =========================  ==========================================
+float16        int16 (the bits)           float16 (numba.cuda converts in hardware)
+bfloat16       uint16 (the bits)          uint16 (the bits)
+float32/64     itself                     itself
+=============  =========================  ==========================================
+
+The conversions equal torch's bit for bit: a bfloat16 is the top half of a float32 (loading
+shifts it up); storing rounds to nearest, ties to even, and keeps NaN a NaN; float16 goes
+through LLVM's ``fpext``/``fptrunc`` of ``half`` (IEEE round to nearest even).
+
+:func:`load`, :func:`store` and :func:`compute_empty` are plain Python functions as well: that
+is what runs under numba's CUDA simulator (which executes kernels as Python), and the
+reference the compiled conversions are tested against. Compiled code gets their LLVM
+versions from :func:`compiled_for_cpu` and :func:`compiled_for_cuda`.
+"""
+import numpy as np
+import torch
+from llvmlite import ir
+from numba.core import types
+
+#: Tensor dtypes the kernels take, and the dtype their arithmetic runs in.
+COMPUTE_DTYPES = {
+    torch.float64: torch.float64,
+    torch.float32: torch.float32,
+    torch.float16: torch.float32,
+    torch.bfloat16: torch.float32,
+}
+#: The 16-bit dtypes, stored as integers where numba lacks the type.
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def compute_dtype(dtype):
+    """The dtype the kernels compute in for data of (torch) ``dtype``."""
+    return COMPUTE_DTYPES[dtype]
+
+
+def epsneg(dtype):
+    """The gap below 1 of (torch) ``dtype``: ``2 ** -(mantissa bits + 1)``."""
+    return torch.finfo(dtype).eps / 2
+
+
+# --------------------------------------------------------------------------- arrays
+def cpu_array(tensor):
+    """Zero-copy numpy view of a CPU tensor as the CPU kernels take it (see the table)."""
+    t = tensor.detach()
+    if t.dtype == torch.float16:
+        return t.view(torch.int16).numpy()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.uint16).numpy()
+    return t.numpy()
+
+
+def cuda_tensor(tensor):
+    """The tensor whose ``__cuda_array_interface__`` the CUDA kernels take (see the table)."""
+    t = tensor.detach()
+    return t.view(torch.uint16) if t.dtype == torch.bfloat16 else t
+
+
+def simulator_array(tensor):
+    """Zero-copy numpy view of a CPU tensor as the simulated CUDA kernels take it."""
+    t = cuda_tensor(tensor)
+    return t.numpy()
+
+
+def compute_scalar(value, array):
+    """``value`` as a numpy scalar of the compute type of ``array``'s data (float32 loops stay
+    in float32, and 16-bit data computes in float32)."""
+    return np.float64(value) if array.dtype == np.float64 else np.float32(value)
+
+
+# --------------------------------------------------------------------------- Python reference
+def _float32_from_bfloat16_bits(bits):
+    return np.array(np.uint32(bits) << np.uint32(16), np.uint32).view(np.float32)[()]
+
+
+def _round_to_bfloat16(bits, is_nan):
+    """The bfloat16 nearest the float32 with ``bits`` (a uint32), ties to even; a quiet NaN
+    if ``is_nan``. Integer arithmetic only: the Python reference and the compiled code."""
+    half = np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+    rounded = np.uint16((bits + half) >> np.uint32(16))
+    return np.uint16(0x7FC0) if is_nan else rounded
+
+
+def _bfloat16_bits_from_float32(value):
+    value = np.float32(value)
+    return _round_to_bfloat16(np.array(value).view(np.uint32)[()], value != value)
+
+
+def load(value):
+    """The element ``value`` of a kernel's array in its compute type (see the table)."""
+    if isinstance(value, np.uint16):
+        return _float32_from_bfloat16_bits(value)
+    if isinstance(value, np.int16):
+        return np.array(value, np.int16).view(np.float16)[()].astype(np.float32)
+    if isinstance(value, np.float16):
+        return np.float32(value)
+    return value
+
+
+def store(value, out):
+    """``value`` (compute type) as an element of the array ``out`` (see the table)."""
+    if out.dtype == np.uint16:
+        return _bfloat16_bits_from_float32(value)
+    if out.dtype == np.int16:
+        return np.array(np.float16(value)).view(np.int16)[()]
+    return value
+
+
+def compute_empty(shape, like):
+    """An uninitialised array of ``shape`` in the compute type of the array ``like``."""
+    return np.empty(shape, np.float64 if like.dtype == np.float64 else np.float32)
+
+
+# --------------------------------------------------------------------------- compiled
+# Both conversions are written in LLVM IR, which the CPU and the CUDA targets compile alike:
+# intrinsics need no device to be typed (an overload on numba.cuda does).
+_I16, _I32, _HALF, _FLOAT = ir.IntType(16), ir.IntType(32), ir.HalfType(), ir.FloatType()
+
+
+def _float32_from(builder, value, kind):
+    """LLVM: the float32 of a 16-bit ``value`` of numba type ``kind``."""
+    if kind == types.uint16:  # bfloat16 bits: the top half of a float32
+        word = builder.shl(builder.zext(value, _I32), ir.Constant(_I32, 16))
+        return builder.bitcast(word, _FLOAT)
+    # IEEE half bits: numba's float16 is an i16 in LLVM on both targets, as int16 is.
+    half = value if value.type == _HALF else builder.bitcast(value, _HALF)
+    return builder.fpext(half, _FLOAT)
+
+
+def _bits_from(builder, value, kind):
+    """LLVM: a float32 ``value`` as an element of numba type ``kind`` (16-bit)."""
+    if kind == types.uint16:  # round to nearest, ties to even; NaN -> 0x7FC0
+        bits = builder.bitcast(value, _I32)
+        low_bit = builder.and_(builder.lshr(bits, ir.Constant(_I32, 16)), ir.Constant(_I32, 1))
+        rounded = builder.add(bits, builder.add(ir.Constant(_I32, 0x7FFF), low_bit))
+        upper = builder.trunc(builder.lshr(rounded, ir.Constant(_I32, 16)), _I16)
+        is_nan = builder.fcmp_unordered("uno", value, value)
+        return builder.select(is_nan, ir.Constant(_I16, 0x7FC0), upper)
+    return builder.bitcast(builder.fptrunc(value, _HALF), _I16)
+
+
+_SIXTEEN_BITS = (types.uint16, types.int16, types.float16)
+
+
+def _load_typer(typingctx, value):
+    """Typing and code of the compiled :func:`load`."""
+    if value in _SIXTEEN_BITS:
+        def codegen(context, builder, signature, args):
+            return _float32_from(builder, args[0], value)
+        return types.float32(value), codegen
+    if isinstance(value, types.Float):
+        return value(value), lambda context, builder, signature, args: args[0]
+    return None
+
+
+def _store_typer(typingctx, value, out):
+    """Typing and code of the compiled :func:`store`."""
+    if not (isinstance(out, types.Array) and isinstance(value, (types.Float, types.Integer))):
+        return None
+    kind = out.dtype
+
+    def codegen(context, builder, signature, args):
+        if kind in _SIXTEEN_BITS:
+            single = context.cast(builder, args[0], value, types.float32)
+            return _bits_from(builder, single, kind)
+        return context.cast(builder, args[0], value, kind)
+    return kind(value, out), codegen
+
+
+def _compute_empty_overload(shape, like):
+    dtype = np.float64 if like.dtype == types.float64 else np.float32
+    return lambda shape, like: np.empty(shape, dtype)
+
+
+def compiled_for_cpu():
+    """``(load, store, compute_empty)`` for ``numba.njit`` code."""
+    from numba.extending import intrinsic, overload
+    overload(compute_empty, inline="always")(_compute_empty_overload)
+    return intrinsic(_load_typer), intrinsic(_store_typer), compute_empty
+
+
+def compiled_for_cuda():
+    """``(load, store)`` for ``numba.cuda.jit`` code (the Python functions themselves under
+    the simulator, which runs kernels as Python)."""
+    from numba import config
+    if config.ENABLE_CUDASIM:
+        return load, store
+    from numba.cuda.extending import intrinsic
+    return intrinsic(_load_typer), intrinsic(_store_typer)
+
+
+__all__ = ["COMPUTE_DTYPES", "HALF_DTYPES", "compute_dtype", "epsneg", "cpu_array",
+           "cuda_tensor", "simulator_array", "compute_scalar", "load", "store",
+           "compute_empty", "compiled_for_cpu", "compiled_for_cuda"]

@@ -1,0 +1,272 @@
+"""float16 and bfloat16: the in-register conversions, the layers, and training under autocast.
+
+The conversions (:mod:`layers.kernels.codecs`) are checked bit for bit against torch's own
+``.to(dtype)``, compiled and as the Python reference the CUDA simulator runs. The layers are
+checked against autograd of the composite PyTorch ops in float64 on the same 16-bit input and
+incoming gradient, with tolerances per dtype: the output and the input gradient are rounded to
+16 bits, so they are compared relative to their largest value. Tests marked ``kernels`` are
+re-run on the CUDA kernels under numba's simulator (``test_cudasim_layers.py``).
+"""
+import copy
+import itertools
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import layers  # before numba: under LAYERS_KERNELS=cudasim it selects numba's simulator
+import numba
+from abn_reference import reference_step
+from layers.densenet import densenet_bc
+from layers.kernels import codecs, cpu
+from layers.residual import Bottleneck, NormAct
+
+kernels = pytest.mark.kernels
+
+HALF = [torch.float16, torch.bfloat16]
+#: Tolerance relative to the largest value, per dtype: about 4 units in the last place of the
+#: output (8 bits of mantissa in bfloat16, 11 in float16) for the values, more for the
+#: gradients, which go through the 16-bit output and incoming gradient.
+VALUE_TOL = {torch.float16: 4e-3, torch.bfloat16: 3e-2}
+GRAD_TOL = {torch.float16: 8e-3, torch.bfloat16: 6e-2}
+
+
+# --------------------------------------------------------------------------- conversions
+@numba.njit
+def _load_all(bits, out):
+    for i in range(bits.size):
+        out[i] = cpu.load(bits[i])
+
+
+@numba.njit
+def _store_all(values, out):
+    for i in range(values.size):
+        out[i] = cpu.store(values[i], out)
+
+
+def _every_pattern(dtype):
+    """All 65536 values of a 16-bit dtype."""
+    return torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16).view(dtype)
+
+
+def _float32_samples(dtype):
+    """float32 values that exercise rounding to ``dtype``: every representable value, the
+    midpoints between neighbours (ties), values just around them, random values over the
+    whole exponent range, and the special values."""
+    finite = _every_pattern(dtype).float()
+    finite = finite[finite.isfinite()].unique()
+    mid = (finite[1:].double() + finite[:-1].double()) / 2
+    around = torch.cat([mid, torch.nextafter(mid.float(), torch.tensor(np.inf)).double(),
+                        torch.nextafter(mid.float(), torch.tensor(-np.inf)).double()])
+    generator = torch.Generator().manual_seed(0)
+    random = torch.randint(-2 ** 31, 2 ** 31 - 1, (100_000,), generator=generator,
+                           dtype=torch.int64).to(torch.int32).view(torch.float32)
+    special = torch.tensor([0.0, -0.0, np.inf, -np.inf, np.nan, 3.4e38, -3.4e38, 1e-45,
+                            65504.0, 65520.0, 70000.0, 1e-8])
+    return torch.cat([finite, around.float(), random, special])
+
+
+def _bits(tensor):
+    return tensor.view(torch.int16 if tensor.element_size() == 2 else torch.int32)
+
+
+def _assert_same_values(actual, expected):
+    """Bit for bit, except that any NaN matches any NaN (payloads are not specified)."""
+    nan = expected.isnan()
+    assert torch.equal(actual.isnan(), nan)
+    assert torch.equal(_bits(actual)[~nan], _bits(expected)[~nan])
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_compiled_load_equals_torch_for_every_pattern(dtype):
+    patterns = _every_pattern(dtype)
+    out = torch.empty(patterns.shape, dtype=torch.float32)
+    _load_all(codecs.cpu_array(patterns), out.numpy())
+    _assert_same_values(out, patterns.float())
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_compiled_store_rounds_as_torch(dtype):
+    values = _float32_samples(dtype)
+    out = torch.empty(values.shape, dtype=dtype)
+    _store_all(values.numpy(), codecs.cpu_array(out))
+    _assert_same_values(out, values.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_python_reference_conversions_equal_torch(dtype):
+    """The functions the CUDA simulator runs, on each target's array type."""
+    generator = torch.Generator().manual_seed(1)
+    patterns = _every_pattern(dtype)[torch.randperm(2 ** 16, generator=generator)[:3000]]
+    for array in (codecs.cpu_array(patterns), codecs.simulator_array(patterns)):
+        loaded = torch.tensor([float(codecs.load(v)) for v in array], dtype=torch.float32)
+        _assert_same_values(loaded, patterns.float())
+    values = _float32_samples(dtype)[torch.randperm(2 ** 16, generator=generator)[:3000]]
+    for out in (codecs.cpu_array(torch.empty(1, dtype=dtype)),
+                codecs.simulator_array(torch.empty(1, dtype=dtype))):
+        stored = np.array([codecs.store(np.float32(v), out) for v in values.numpy()], out.dtype)
+        _assert_same_values(torch.from_numpy(stored).view(dtype), values.to(dtype))
+
+
+# --------------------------------------------------------------------------- layers
+LAYERS = {
+    "abn": (layers.ABN, {}),
+    "inplace_abn_I": (layers.InPlaceABN, {"variant": "I"}),
+    "inplace_abn_II": (layers.InPlaceABN, {"variant": "II"}),
+}
+ACTIVATIONS = [("leaky_relu", 0.01), ("elu", 1.0), ("identity", None)]
+CASES = list(itertools.product(HALF, LAYERS, ACTIVATIONS, (False, True), ("abs", "bn"),
+                               (True, False)))
+
+
+def _on_kernels(case):
+    """The cases re-run under the CUDA simulator (slow): every dtype, layer (backward mode) and
+    layout, in training with leaky ReLU and the default scale. The activations are the same
+    code as in float32 (``common.py``), which ``test_abn.py`` checks there."""
+    _, _, (activation, _), _, scale_mode, training = case
+    return activation == "leaky_relu" and scale_mode == "abs" and training
+
+
+def _case_id(case):
+    dtype, name, (activation, _), channels_last, scale_mode, training = case
+    layout = "channels_last" if channels_last else "contiguous"
+    return "-".join([str(dtype).replace("torch.", ""), name, activation, layout, scale_mode,
+                     "train" if training else "eval"])
+
+
+def _make_layer(name, channels, activation, param, scale_mode, seed=0):
+    """A float32 layer with weights of mixed sign, random biases and running statistics."""
+    cls, kwargs = LAYERS[name]
+    layer = cls(channels, activation=activation, activation_param=param,
+                scale_mode=scale_mode, **kwargs)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        signs = torch.where(torch.arange(channels) % 2 == 0, 1.0, -1.0)
+        layer.weight.copy_(torch.empty(channels).uniform_(0.5, 1.5, generator=generator) * signs)
+        layer.bias.copy_(torch.randn(channels, generator=generator) * 0.5)
+        layer.running_mean.copy_(torch.randn(channels, generator=generator))
+        layer.running_var.copy_(torch.rand(channels, generator=generator) + 0.5)
+    return layer
+
+
+def _assert_close_relative(actual, expected, tol, name):
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(actual.double(), expected, rtol=tol, atol=tol * scale,
+                               msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=kernels) if _on_kernels(c) else c
+                                  for c in CASES], ids=_case_id)
+def test_16_bit_layer_against_float64_composite(case):
+    dtype, name, (activation, param), channels_last, scale_mode, training = case
+    shape, channels = (3, 5, 4, 3), 5
+    generator = torch.Generator().manual_seed(2)
+    x = (torch.randn(shape, generator=generator) * 2 + 0.5).to(dtype)
+    grad = torch.randn(shape, generator=generator).to(dtype)
+    if channels_last:
+        x, grad = (t.contiguous(memory_format=torch.channels_last) for t in (x, grad))
+    layer = _make_layer(name, channels, activation, param, scale_mode).train(training)
+    running = [layer.running_mean.double(), layer.running_var.double()]
+    expected = reference_step(x.double(), layer.weight.double(), layer.bias.double(), *running,
+                              grad.double(), training=training, eps=layer.eps,
+                              activation=activation, param=param, scale_mode=scale_mode)
+
+    leaf = x.detach().clone().requires_grad_()
+    out = layer(leaf * 1)
+    dx, dweight, dbias = torch.autograd.grad(out, [leaf, layer.weight, layer.bias], grad)
+
+    assert (out.dtype, dx.dtype) == (dtype, dtype)
+    assert (dweight.dtype, dbias.dtype, layer.running_mean.dtype) == (torch.float32,) * 3
+    assert out.is_contiguous(memory_format=torch.channels_last) == channels_last
+    _assert_close_relative(out, expected[0], VALUE_TOL[dtype], "output")
+    for got, want, label in zip((dx, dweight, dbias), expected[1:],
+                                ("input grad", "weight grad", "bias grad")):
+        _assert_close_relative(got, want, GRAD_TOL[dtype], label)
+    # Statistics accumulate in float32 blocks and float64 totals: as exact as float32 holds.
+    torch.testing.assert_close(layer.running_mean.double(), running[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(layer.running_var.double(), running[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_16_bit_statistics_keep_a_large_mean_from_cancelling_the_variance(dtype):
+    """A mean 100 times the spread: the shifted sums keep the variance in float32."""
+    generator = torch.Generator().manual_seed(3)
+    x = (torch.randn(4, 6, 32, 32, generator=generator) + 100).to(dtype)
+    layer = layers.InPlaceABN(6, momentum=1.0)
+    layer(x.clone())
+    reference = x.double().transpose(0, 1).reshape(6, -1)
+    torch.testing.assert_close(layer.running_mean.double(), reference.mean(1), rtol=1e-6,
+                               atol=0)
+    torch.testing.assert_close(layer.running_var.double(), reference.var(1), rtol=1e-4, atol=0)
+
+
+def test_16_bit_parameters_are_refused_only_when_not_floating_point():
+    layer = layers.ABN(3).to(torch.bfloat16)  # model.to(dtype): 16-bit parameters work too
+    out = layer(torch.randn(2, 3, 4).to(torch.bfloat16))
+    assert out.dtype == torch.bfloat16 and layer.running_mean.dtype == torch.bfloat16
+    with pytest.raises(TypeError, match="weight must be a floating-point tensor"):
+        layers.functional.abn(torch.randn(2, 3, 4), weight=torch.ones(3, dtype=torch.int64))
+
+
+# --------------------------------------------------------------------------- autocast
+class _Classifier(nn.Module):
+    def __init__(self, body, channels):
+        super().__init__()
+        self.body = body
+        self.fc = nn.Linear(channels, 10)
+
+    def forward(self, x):
+        return self.fc(self.body(x).mean((2, 3)))
+
+
+def _resnext_blocks():
+    norm_act = NormAct("iabn")
+    body = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1),
+                         Bottleneck(64, 16, 64, groups=4, norm_act=norm_act),
+                         Bottleneck(64, 16, 128, stride=2, groups=4, norm_act=norm_act))
+    return _Classifier(body, 128)
+
+
+MODELS = {
+    "resnext_blocks_iabn": _resnext_blocks,
+    "densenet_shared_iabn": lambda: densenet_bc(depth=10, growth_rate=6, num_classes=10,
+                                                impl="shared", norm="iabn"),
+}
+
+
+def _train(model, autocast_dtype, steps=5):
+    """Losses of ``steps`` SGD steps on fixed random batches, and the dtypes the ABN-family
+    layers received."""
+    model = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    received = set()
+    for module in model.modules():
+        if isinstance(module, layers.ABN):
+            module.register_forward_pre_hook(lambda m, args: received.add(args[0].dtype))
+    generator = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(8, 3, 16, 16, generator=generator)
+        y = torch.randint(0, 10, (8,), generator=generator)
+        with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16,
+                            enabled=autocast_dtype is not None):
+            loss = nn.functional.cross_entropy(model(x).float(), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return torch.tensor(losses), received, model
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_model_trains_under_cpu_autocast_and_follows_float32(name, dtype):
+    torch.manual_seed(0)
+    model = MODELS[name]()
+    reference, received32, _ = _train(model, None)
+    losses, received, trained = _train(model, dtype)
+    assert received32 == {torch.float32} and received == {dtype}
+    torch.testing.assert_close(losses, reference, rtol=VALUE_TOL[dtype], atol=0)
+    for parameter in trained.parameters():
+        assert parameter.dtype == torch.float32 and parameter.isfinite().all()
