@@ -510,9 +510,10 @@ rule bench_kernels:
         **cluster_resources(config["bench_kernels"]),
     params:
         shape=" ".join(str(s) for s in config["bench_kernels"]["shape"]),
+        dtypes=" ".join(config["bench_kernels"]["dtypes"]),
         bench=config["bench_kernels"],
     shell:
         "python -m experiments.bench_kernels --device {DEVICE} --run {RUN} --shape {params.shape}"
-        " --dtype {params.bench[dtype]} --threads {params.bench[threads]}"
+        " --dtypes {params.dtypes} --threads {params.bench[threads]}"
         " --repeats {params.bench[repeats]} --warmup {params.bench[warmup]}"
         " --out {output} > {log} 2>&1"

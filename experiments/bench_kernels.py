@@ -1,10 +1,12 @@
 """Micro-benchmark of the InPlace-ABN kernels against PyTorch's BN + leaky ReLU.
 
-Run as ``python -m experiments.bench_kernels [--shape N C H W] [--dtype float32|float64]
+Run as ``python -m experiments.bench_kernels [--shape N C H W] [--dtypes DTYPE ...]
 [--threads T] [--repeats R] [--warmup W] [--device cpu|cuda] [--run RUN] [--out PATH]``.
 
-Measurements (each the median/min/max of ``--repeats`` timed runs after ``--warmup`` untimed
-ones; inputs are prepared outside the timed region):
+Measurements, one row per dtype of ``--dtypes`` (float32, float64, float16, bfloat16), each the
+median/min/max of ``--repeats`` timed runs after ``--warmup`` untimed ones; inputs are prepared
+outside the timed region. In a 16-bit row the data is 16-bit and the parameters and running
+statistics float32, as under ``torch.autocast``, for the layer and the composite alike:
 
 * ``inplace_abn_fwd_bwd_I`` / ``inplace_abn_fwd_bwd_II``: ``InPlaceABN`` (training mode,
   leaky ReLU 0.01) forward + backward with a fixed incoming gradient. The input is a fresh
@@ -15,12 +17,12 @@ ones; inputs are prepared outside the timed region):
   training mode (batch statistics), on a buffer refilled from the source before every run;
 * ``copy``: ``dst.copy_(src)`` of one tensor of the same shape, the memory-traffic floor.
 
-Derived: ``speedup_vs_composite_I``/``_II`` (composite time / in-place time),
+Derived per row: ``speedup_vs_composite_I``/``_II`` (composite time / in-place time),
 ``forward_over_copy`` (in-place forward time / copy time) and, under ``results.copy``, the
 copy's ``effective_bandwidth_GBps`` (2 * tensor bytes / time, one read and one write).
 
-Writes one JSON file (atomically) with ``run``, ``config``, ``results``, ``ratios`` and
-``environment``. Like every artifact it belongs to a run, ``<profile>-<device>``
+Writes one JSON file (atomically) with ``run``, ``config``, ``rows`` (``dtype``,
+``tensor_bytes``, ``results``, ``ratios`` each) and ``environment``. Like every artifact it belongs to a run, ``<profile>-<device>``
 (:mod:`experiments.records.paths`): the pipeline passes its run, by hand it is
 ``manual-<device>``; default path ``artifacts/bench_kernels/<run>.json``.
 """
@@ -40,7 +42,8 @@ from .records.atomic import write_json_atomic
 from .records.environment import describe_environment
 from .measure.timing import time_callable
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+          "bfloat16": torch.bfloat16}
 ACTIVATION = "leaky_relu"
 SLOPE = 0.01
 MOMENTUM = 0.1
@@ -56,7 +59,9 @@ def parse_args(argv=None):
     )
     parser.add_argument("--shape", type=int, nargs=4, metavar=("N", "C", "H", "W"),
                         default=[32, 256, 56, 56], help="input shape (default: 32 256 56 56)")
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
+    parser.add_argument("--dtypes", choices=tuple(DTYPES), nargs="+", default=["float32"],
+                        metavar="DTYPE",
+                        help=f"one row per dtype, of {', '.join(DTYPES)} (default: float32)")
     parser.add_argument("--threads", type=int, default=2,
                         help="threads for torch and numba (default: 2)")
     parser.add_argument("--repeats", type=int, default=10, help="timed runs (default: 10)")
@@ -79,6 +84,8 @@ def parse_args(argv=None):
     if args.threads > numba.config.NUMBA_NUM_THREADS:
         parser.error(f"--threads {args.threads}: numba can use at most "
                      f"{numba.config.NUMBA_NUM_THREADS} threads here (NUMBA_NUM_THREADS)")
+    if len(set(args.dtypes)) != len(args.dtypes):
+        parser.error(f"--dtypes {' '.join(args.dtypes)}: each dtype once")
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: must be >= 1")
     if args.warmup < 0:
@@ -120,12 +127,16 @@ class _Composite(torch.nn.Module):
 
 
 def _measurements(shape, dtype, device):
-    """``[(name, fn, setup)]`` for :func:`time_callable`, sharing the input tensors."""
+    """``[(name, fn, setup)]`` for :func:`time_callable`, sharing the input tensors.
+
+    Parameters and running statistics are float32 for 16-bit data, as under autocast.
+    """
     generator = torch.Generator().manual_seed(SEED)
-    src = torch.randn(shape, generator=generator, dtype=dtype).to(device)
-    grad = torch.randn(shape, generator=generator, dtype=dtype).to(device)
+    src = torch.randn(shape, generator=generator).to(dtype).to(device)
+    grad = torch.randn(shape, generator=generator).to(dtype).to(device)
     channels = shape[1]
-    options = dict(dtype=dtype, device=device)
+    parameter_dtype = torch.float32 if dtype.itemsize == 2 else dtype
+    options = dict(dtype=parameter_dtype, device=device)
 
     # Source of the fresh non-leaf inputs of the fwd+bwd runs: x = base.clone() is what an
     # in-place layer accepts (a leaf that requires grad is refused).
@@ -183,25 +194,32 @@ def _ratios(results):
     }
 
 
+def _row(shape, dtype, device, args, bar):
+    """The measurements and ratios of one dtype."""
+    results = {}
+    for name, fn, setup in _measurements(shape, DTYPES[dtype], device):
+        bar.set_postfix_str(f"{dtype} {name}")
+        results[name] = time_callable(fn, args.warmup, args.repeats, device, setup=setup)
+        bar.update()
+    tensor_bytes = torch.Size(shape).numel() * DTYPES[dtype].itemsize
+    results["copy"]["effective_bandwidth_GBps"] = (2 * tensor_bytes
+                                                   / results["copy"]["median_s"] / 1e9)
+    return {"dtype": dtype, "tensor_bytes": tensor_bytes, "results": results,
+            "ratios": _ratios(results)}
+
+
 def run_benchmark(args):
-    """Run every measurement; return the JSON-serialisable report."""
+    """Run every measurement of every dtype; return the JSON-serialisable report."""
     torch.set_num_threads(args.threads)  # the layers' numba loops follow torch's count
     torch.manual_seed(SEED)
-    shape, dtype, device = tuple(args.shape), DTYPES[args.dtype], torch.device(args.device)
-    tensor_bytes = torch.Size(shape).numel() * dtype.itemsize
-
-    results = {}
-    with tqdm(_measurements(shape, dtype, device), desc="bench_kernels", unit="measurement",
-              file=sys.stderr) as bar:
-        for name, fn, setup in bar:
-            bar.set_postfix_str(name)
-            results[name] = time_callable(fn, args.warmup, args.repeats, device, setup=setup)
-    results["copy"]["effective_bandwidth_GBps"] = 2 * tensor_bytes / results["copy"]["median_s"] / 1e9
+    shape, device = tuple(args.shape), torch.device(args.device)
+    total = len(args.dtypes) * len(_measurements((2, 1, 1, 1), torch.float32, "cpu"))
+    with tqdm(total=total, desc="bench_kernels", unit="measurement", file=sys.stderr) as bar:
+        rows = [_row(shape, dtype, device, args, bar) for dtype in args.dtypes]
 
     config = {
         "shape": list(shape),
-        "dtype": args.dtype,
-        "tensor_bytes": tensor_bytes,
+        "dtypes": list(args.dtypes),
         "threads": args.threads,
         "repeats": args.repeats,
         "warmup": args.warmup,
@@ -216,28 +234,29 @@ def run_benchmark(args):
         "benchmark": "bench_kernels",
         "run": args.run,
         "config": config,
-        "results": results,
-        "ratios": _ratios(results),
+        "rows": rows,
         "environment": describe_environment(device),
     }
 
 
 def format_summary(report):
-    """A short human-readable table of the report."""
-    config, results, ratios = report["config"], report["results"], report["ratios"]
-    env = report["environment"]
+    """A short human-readable table of the report, one block per dtype."""
+    config, env = report["config"], report["environment"]
     lines = [
-        f"bench_kernels: shape {'x'.join(map(str, config['shape']))} {config['dtype']} on "
+        f"bench_kernels: shape {'x'.join(map(str, config['shape']))} on "
         f"{config['device']} ({env['device_name']}), {config['threads']} threads, "
         f"{config['repeats']} repeats after {config['warmup']} warm-up",
-        f"{'measurement':<24}{'median ms':>12}{'min ms':>12}{'max ms':>12}",
     ]
-    for name, r in results.items():
-        lines.append(f"{name:<24}{r['median_s'] * 1e3:>12.2f}{r['min_s'] * 1e3:>12.2f}"
-                     f"{r['max_s'] * 1e3:>12.2f}")
-    lines.append(f"copy effective bandwidth: {results['copy']['effective_bandwidth_GBps']:.2f} GB/s")
-    for name, value in ratios.items():
-        lines.append(f"{name:<24}{value:>12.3f}")
+    for row in report["rows"]:
+        results = row["results"]
+        lines.append(f"{row['dtype']:<24}{'median ms':>12}{'min ms':>12}{'max ms':>12}")
+        for name, r in results.items():
+            lines.append(f"  {name:<22}{r['median_s'] * 1e3:>12.2f}{r['min_s'] * 1e3:>12.2f}"
+                         f"{r['max_s'] * 1e3:>12.2f}")
+        lines.append(f"  copy effective bandwidth: "
+                     f"{results['copy']['effective_bandwidth_GBps']:.2f} GB/s")
+        for name, value in row["ratios"].items():
+            lines.append(f"  {name:<22}{value:>12.3f}")
     return "\n".join(lines)
 
 

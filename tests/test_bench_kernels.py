@@ -29,30 +29,35 @@ def _run_benchmark(*args):
 def test_bench_kernels_writes_a_complete_report(tmp_path):
     out = tmp_path / "b.json"
     result = _run_benchmark("--shape", "2", "4", "8", "8", "--repeats", "2", "--warmup", "1",
-                            "--threads", "1", "--out", str(out))
+                            "--threads", "1", "--dtypes", "float32", "bfloat16", "--out", str(out))
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     assert [p.name for p in tmp_path.iterdir()] == ["b.json"]  # no temporary file left
 
     config = report["config"]
     assert config["shape"] == [2, 4, 8, 8]
-    assert (config["dtype"], config["device"]) == ("float32", "cpu")
+    assert (config["dtypes"], config["device"]) == (["float32", "bfloat16"], "cpu")
     assert (config["repeats"], config["warmup"], config["threads"]) == (2, 1, 1)
 
-    results = report["results"]
-    assert set(results) == set(MEASUREMENTS)
-    for name in MEASUREMENTS:
-        r = results[name]
-        assert r["repeats"] == 2, name
-        assert 0 < r["min_s"] <= r["median_s"] <= r["max_s"], name
-    assert results["copy"]["effective_bandwidth_GBps"] > 0
+    assert [row["dtype"] for row in report["rows"]] == ["float32", "bfloat16"]
+    assert [row["tensor_bytes"] for row in report["rows"]] == [2 * 4 * 8 * 8 * 4,
+                                                               2 * 4 * 8 * 8 * 2]
+    for row in report["rows"]:
+        results = row["results"]
+        assert set(results) == set(MEASUREMENTS)
+        for name in MEASUREMENTS:
+            r = results[name]
+            assert r["repeats"] == 2, name
+            assert 0 < r["min_s"] <= r["median_s"] <= r["max_s"], name
+        assert results["copy"]["effective_bandwidth_GBps"] > 0
 
-    ratios = report["ratios"]
-    assert set(ratios) == {"speedup_vs_composite_I", "speedup_vs_composite_II",
-                           "forward_over_copy"}
-    assert all(value > 0 for value in ratios.values())
-    expected = results["composite_fwd_bwd"]["median_s"] / results["inplace_abn_fwd_bwd_I"]["median_s"]
-    assert ratios["speedup_vs_composite_I"] == pytest.approx(expected)
+        ratios = row["ratios"]
+        assert set(ratios) == {"speedup_vs_composite_I", "speedup_vs_composite_II",
+                               "forward_over_copy"}
+        assert all(value > 0 for value in ratios.values())
+        expected = (results["composite_fwd_bwd"]["median_s"]
+                    / results["inplace_abn_fwd_bwd_I"]["median_s"])
+        assert ratios["speedup_vs_composite_I"] == pytest.approx(expected)
 
     assert report["run"] == "manual-cpu"  # by hand; the pipeline passes its run
 
@@ -61,7 +66,7 @@ def test_bench_kernels_writes_a_complete_report(tmp_path):
     assert env["threads"]["torch"] == env["threads"]["numba"] == 1
     assert env["device"] == "cpu"
     assert env["git_commit"] is None or len(env["git_commit"]) == 40
-    assert "measurement" in result.stdout and "speedup_vs_composite_I" in result.stdout
+    assert "bfloat16" in result.stdout and "speedup_vs_composite_I" in result.stdout
 
 
 @pytest.mark.parametrize("args, message", [
@@ -69,6 +74,8 @@ def test_bench_kernels_writes_a_complete_report(tmp_path):
     (["--shape", "1", "4", "1", "1"], "more than one value per channel"),
     (["--repeats", "0"], "--repeats"),
     (["--threads", "0"], "--threads"),
+    (["--dtypes", "float32", "float32"], "each dtype once"),
+    (["--dtypes", "int8"], "--dtypes"),
 ])
 def test_bench_kernels_rejects_bad_arguments(tmp_path, args, message):
     result = _run_benchmark(*args, "--out", str(tmp_path / "b.json"))
