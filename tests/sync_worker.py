@@ -13,6 +13,8 @@ The cases run InPlaceABNSync over three groups, created in the same order on eve
   synchronised and the layer must act as InPlaceABN on the rank's slice alone; this shows the
   ``group`` argument is honoured rather than replaced by the world.
 
+The world group also runs every case on bfloat16 data with float32 parameters (``bfloat16``).
+
 It also trains each model of :data:`DDP_MODELS`, converted with
 ``layers.convert_sync_batchnorm(..., convert_batchnorm=True)`` and wrapped in
 ``DistributedDataParallel``, for two SGD steps on its slice of a batch.
@@ -218,6 +220,12 @@ def main(rank, world_size, init_method, out_dir):
                                    bias)
                 results[(f"split{split}", variant, activation)] = run_layer(
                     layer, [x[part] for x in xs_full], [dz[part] for dz in dzs_full])
+        # bfloat16 data with float32 parameters (as under autocast), over the world group.
+        for variant, (activation, param) in CASES:
+            layer = make_layer(layers.InPlaceABNSync, variant, activation, param, weight,
+                               bias).float()
+            results[("bfloat16", variant, activation)] = run_layer(
+                layer, [x.bfloat16() for x in xs], [dz.bfloat16() for dz in dzs])
         results["world_group_is_world"] = (
             layers.InPlaceABNSync(C)._group() is dist.group.WORLD)
         results["ddp"] = run_ddp(rank)

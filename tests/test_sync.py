@@ -184,6 +184,35 @@ def test_sync_two_ranks_matches_single_process(rank_results, data, variant, acti
 
 
 @pytest.mark.parametrize("variant, activation, param", CASE_PARAMS)
+def test_sync_bfloat16_two_ranks_match_single_process(rank_results, data, variant, activation,
+                                                      param):
+    """16-bit data: the ranks' float64 moments and reductions combine as in float64; what
+    differs from one process on the whole batch is the rounding of the bfloat16 output and
+    input gradient (one unit in the last place at most, 2**-8 relative) and the float32
+    block sums."""
+    weight, bias, xs, dzs = data
+    layer = W.make_layer(layers.InPlaceABN, variant, activation, param, weight, bias).float()
+    reference = W.run_layer(layer, [x.bfloat16() for x in xs], [dz.bfloat16() for dz in dzs])
+    for step, want in enumerate(reference):
+        got = [r[("bfloat16", variant, activation)][step] for r in rank_results]
+        where = f"bfloat16 {variant}-{activation} iteration {step}"
+        for key in ("output", "input_grad"):
+            joined = torch.cat([g[key] for g in got])
+            assert joined.dtype == torch.bfloat16
+            torch.testing.assert_close(joined.float(), want[key].float(), rtol=2 ** -7,
+                                       atol=2 ** -7 * want[key].float().abs().max().item(),
+                                       msg=lambda m: f"{where} {key}: {m}")
+        for key in ("weight_grad", "bias_grad"):
+            torch.testing.assert_close(sum(g[key] for g in got), want[key], rtol=1e-4,
+                                       atol=1e-4 * want[key].abs().max().item(),
+                                       msg=lambda m: f"{where} {key}: {m}")
+        for rank, g in enumerate(got):
+            for key in ("running_mean", "running_var"):
+                torch.testing.assert_close(g[key], want[key], rtol=1e-5, atol=1e-6,
+                                           msg=lambda m: f"{where} rank {rank} {key}: {m}")
+
+
+@pytest.mark.parametrize("variant, activation, param", CASE_PARAMS)
 def test_sync_subgroup_matches_world(rank_results, data, variant, activation, param):
     """``group=dist.new_group([0, 1])`` gives what the default world group gives."""
     reference = _reference(data, variant, activation, param)
