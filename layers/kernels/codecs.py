@@ -39,8 +39,6 @@ COMPUTE_DTYPES = {
     torch.float16: torch.float32,
     torch.bfloat16: torch.float32,
 }
-#: The 16-bit dtypes, stored as integers where numba lacks the type.
-HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def compute_dtype(dtype):
@@ -203,6 +201,6 @@ def compiled_for_cuda():
     return intrinsic(_load_typer), intrinsic(_store_typer)
 
 
-__all__ = ["COMPUTE_DTYPES", "HALF_DTYPES", "compute_dtype", "epsneg", "cpu_array",
+__all__ = ["COMPUTE_DTYPES", "compute_dtype", "epsneg", "cpu_array",
            "cuda_tensor", "simulator_array", "compute_scalar", "load", "store",
            "compute_empty", "compiled_for_cpu", "compiled_for_cuda"]
