@@ -416,6 +416,7 @@ rule iabn_table2_capacity_simulated_point:
 # --------------------------------------------------------------------------- generic rules
 include: "experiments/rules/training.smk"
 include: "experiments/rules/segmentation.smk"
+include: "experiments/rules/gpu_selfcheck.smk"
 
 
 # Light jobs that read artifacts/ only: on a cluster they run where snakemake runs, not as

@@ -233,7 +233,7 @@ class _DeviceCheck:
         self.weight = weakref.ref(weight)
         self.failed = None  # the flag once read on the host
         if self.flag.is_cuda:
-            self._host = torch.empty(1, dtype=torch.bool, pin_memory=True)
+            self._host = torch.empty(1, dtype=torch.bool, device="cpu", pin_memory=True)
             self._host.copy_(self.flag, non_blocking=True)
             self._event = torch.cuda.Event()
             self._event.record(torch.cuda.current_stream(self.flag.device))

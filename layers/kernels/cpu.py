@@ -425,7 +425,7 @@ def _empty(x):
 def _nan_moments(x):
     """The ``moments`` of an empty view: NaN, as the CUDA backend returns."""
     return torch.full((2, x.shape[1 if x.dim() == 3 else -1]), float("nan"),
-                      dtype=torch.float64)
+                      dtype=torch.float64, device="cpu")
 
 
 def _scalar(value, like):
@@ -489,7 +489,8 @@ def forward(x, out, a, b, act, slope):
 def backward_reduce(z, dz, x, p, q, act, slope, mode):
     """``[sum(dy), sum(dy * v)]`` per channel (float64, shape ``(2, C)``)."""
     if _empty(z):
-        return torch.zeros(2, z.shape[1 if z.dim() == 3 else -1], dtype=torch.float64)
+        return torch.zeros(2, z.shape[1 if z.dim() == 3 else -1], dtype=torch.float64,
+                           device="cpu")
     _follow_torch_threads()
     za = _np(z)
     args = (za, _np(dz), _np(x), _np(p), _np(q), act, _scalar(slope, za),
