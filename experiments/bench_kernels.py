@@ -110,7 +110,7 @@ def parse_args(argv=None):
 
 
 # --------------------------------------------------------------------------- measurements
-class _Composite(torch.nn.Module):
+class CompositeBatchNormAct(torch.nn.Module):
     """``F.batch_norm`` (training) + ``F.leaky_relu``, the standard out-of-place pair."""
 
     def __init__(self, channels, options):
@@ -158,7 +158,7 @@ def _measurements(shape, dtype, device):
                                momentum=MOMENTUM, eps=EPS, variant=variant, **options).train()
            for variant in ("I", "II")}
 
-    composite = _Composite(channels, options)
+    composite = CompositeBatchNormAct(channels, options)
 
     # Forward only: refill one buffer from src (untimed), normalise it in place (timed).
     buffer = torch.empty_like(src)

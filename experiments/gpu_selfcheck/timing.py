@@ -14,7 +14,7 @@ order; ``torch.cuda.Event`` on a GPU), inputs prepared outside the timed region:
   untimed forward. It must read ``z`` and ``dz`` twice (the reductions, then the input
   gradient) and write ``dx`` once: at least 2.5 copies;
 * ``fwd_bwd_I`` / ``fwd_bwd_II`` and ``batch_norm_act``: forward + backward of ``InPlaceABN``
-  and of ``F.batch_norm`` + ``F.leaky_relu`` (:class:`experiments.bench_kernels._Composite`)
+  and of ``F.batch_norm`` + ``F.leaky_relu`` (:class:`experiments.bench_kernels.CompositeBatchNormAct`)
   through autograd.
 
 Leaky ReLU (slope 0.01), momentum 0.1, eps 1e-5, as ``experiments/bench_kernels.py``; 16-bit
@@ -24,7 +24,7 @@ import torch
 
 from layers import InPlaceABN
 
-from ..bench_kernels import ACTIVATION, EPS, MOMENTUM, SLOPE, _Composite
+from ..bench_kernels import ACTIVATION, EPS, MOMENTUM, SLOPE, CompositeBatchNormAct
 from ..measure.timing import time_interleaved
 from .checks import DTYPES, LAYOUTS, parameter_dtype
 
@@ -61,7 +61,7 @@ def contenders(shape, dtype, layout, device):
     abn = {variant: InPlaceABN(channels, activation=ACTIVATION, activation_param=SLOPE,
                                momentum=MOMENTUM, eps=EPS, variant=variant, **options).train()
            for variant in ("I", "II")}
-    composite = _Composite(channels, options)
+    composite = CompositeBatchNormAct(channels, options)
     # The fwd+bwd inputs: x = base.clone(), a non-leaf, as an in-place layer needs.
     base = src.clone().requires_grad_(True)
 
