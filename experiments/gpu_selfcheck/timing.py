@@ -14,8 +14,8 @@ order; ``torch.cuda.Event`` on a GPU), inputs prepared outside the timed region:
   untimed forward. It must read ``z`` and ``dz`` twice (the reductions, then the input
   gradient) and write ``dx`` once: at least 2.5 copies;
 * ``fwd_bwd_I`` / ``fwd_bwd_II`` and ``batch_norm_act``: forward + backward of ``InPlaceABN``
-  and of ``F.batch_norm`` + ``F.leaky_relu`` (:class:`experiments.bench_kernels.CompositeBatchNormAct`)
-  through autograd.
+  and of ``F.batch_norm`` + ``F.leaky_relu``
+  (:class:`experiments.bench_kernels.CompositeBatchNormAct`) through autograd.
 
 Leaky ReLU (slope 0.01), momentum 0.1, eps 1e-5, as ``experiments/bench_kernels.py``; 16-bit
 data with float32 parameters and statistics, as the layers keep them.
