@@ -20,6 +20,7 @@ converter to synchronised layers.
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from . import functional
@@ -161,7 +162,39 @@ class ABN(NormBase):
                     group=self._group())
 
     def forward(self, input):
+        if exporting():
+            return self.inference_forward(input)
+        return self._kernel_forward(input)
+
+    @torch.jit.unused
+    def _kernel_forward(self, input):
         return functional.abn(**self._common_arguments(input))
+
+    def inference_forward(self, input):
+        """The eval-mode layer in standard PyTorch ops: ``act(scale * x_hat + bias)`` with the
+        running statistics (paper §3.1: at inference BN + activation is a per-channel scale, a
+        shift and an activation).
+
+        What ``torch.jit.script``, ``torch.jit.trace`` and ``torch.onnx.export`` record, so the
+        exported model runs without this package (the numba kernels are neither scriptable nor
+        exportable). Equal to the layer's own eval forward up to rounding; not in place.
+        """
+        if self.training or self.running_mean is None or self.running_var is None:
+            raise RuntimeError(
+                "scripting, tracing and ONNX export of ABN layers need eval mode with running "
+                "statistics: call model.eval() first (training runs on the numba kernels only)")
+        weight = self.weight
+        if weight is not None and self.scale_mode == "abs":
+            weight = weight.abs() + self.eps
+        y = F.batch_norm(input, self.running_mean, self.running_var, weight, self.bias,
+                         False, 0.0, self.eps)
+        if self.activation == "leaky_relu":
+            return F.leaky_relu(y, self.activation_param)
+        if self.activation == "elu":
+            return F.elu(y, self.activation_param)
+        if self.activation == "relu":
+            return F.relu(y)
+        return y
 
     def extra_repr(self):
         return (f"{super().extra_repr()}, activation={self.activation}, "
@@ -195,10 +228,28 @@ class InPlaceABN(ABN):
         self.variant = variant
 
     def forward(self, input):
+        if exporting():
+            return self.inference_forward(input)
+        return self._kernel_forward(input)
+
+    @torch.jit.unused
+    def _kernel_forward(self, input):
         return functional.inplace_abn(**self._common_arguments(input), variant=self.variant)
 
     def extra_repr(self):
         return f"{super().extra_repr()}, variant={self.variant}"
+
+
+def exporting():
+    """Whether the forward is being captured as a graph of standard ops: scripted or traced
+    (``torch.jit``), exported (``torch.onnx.export``, ``torch.export``) or symbolically traced
+    (``torch.fx``, as :func:`layers.fuse_abn` does). The layers then record standard PyTorch
+    ops (``inference_forward``), and the DenseNets their plain concatenation."""
+    if torch.jit.is_scripting():
+        return True
+    return (torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+            or torch.compiler.is_exporting()
+            or torch.fx._symbolic_trace.is_fx_symbolic_tracing())
 
 
 def _sync_group(group):
@@ -257,4 +308,4 @@ class InPlaceABNSync(InPlaceABN):
 NORM_TYPES = (_BatchNorm, NormBase)
 
 __all__ = ["NormBase", "ABN", "InPlaceABN", "ABNSync", "InPlaceABNSync", "NORM_TYPES",
-           "batch_norm_arguments"]
+           "batch_norm_arguments", "exporting"]

@@ -52,7 +52,7 @@ class _PoolingBranch(nn.Sequential):
     """Global average pooling -> conv1x1 -> BN-act, broadcast back to the input's size."""
 
     def forward(self, x):
-        return super().forward(x).expand(-1, -1, *x.shape[-2:])
+        return super().forward(x).expand(-1, -1, x.shape[-2], x.shape[-1])
 
 
 class ASPP(nn.Module):

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from . import functional
-from .abn import ABN, NORM_TYPES, InPlaceABN
+from .abn import ABN, NORM_TYPES, InPlaceABN, exporting
 from .residual import NORM_MODULES
 from .shared_storage import SharedStorages, concat_norm_act_conv
 
@@ -177,11 +177,11 @@ class _Route:
 
     def concat_norm_act_conv(self, features, norm, conv, checkpointed=False):
         """``conv(act(norm(cat(features))))``; ``checkpointed`` marks a dense layer's bottleneck."""
-        if self.impl == "shared":
+        if self.impl == "shared" and not exporting():  # export records the plain ops below
             return concat_norm_act_conv(features, self.storages, norm, conv,
                                         activation=self.activation.name,
                                         activation_param=self.activation.param)
-        if (checkpointed and self.impl == "checkpoint"
+        if (checkpointed and self.impl == "checkpoint" and not exporting()
                 and any(f.requires_grad for f in features)):
             return _checkpointed(features, norm, conv, self.activation)
         x = features[0] if len(features) == 1 else torch.cat(features, 1)
@@ -195,7 +195,7 @@ class _Route:
 
     def reserve(self, numel, like):
         """Size the shared storages once for a whole block (no-op for other impls)."""
-        if self.storages is not None:
+        if self.storages is not None and not exporting():
             self.storages.reserve(numel, like)
 
 
