@@ -11,8 +11,17 @@ It is meant for the ``kernels``-marked tests of ``tests/test_abn.py`` and
     LAYERS_TEST_DEVICE=cuda python -m pytest -m kernels tests/test_abn.py tests/test_abn_dtypes.py
 
 Other tests may assume CPU tensors (thread counts, CPU kernels) and are not meant for it.
+
+It also starts the layer tests under numba's CUDA simulator (``test_cudasim_layers.py``)
+in a subprocess as soon as the tests are collected: the simulator is single-threaded Python
+that runs for minutes, and beside the other tests it mostly uses a core they leave idle. Its
+test is moved to the end of the session, where it waits for the subprocess.
 """
 import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -42,6 +51,63 @@ def pytest_configure(config):
         # Before the test modules are imported: module-level tensors are on CUDA as well.
         torch.set_default_device("cuda")
         torch.Generator = _DefaultDeviceGenerator
+
+
+#: The test that checks the simulator run, and the tests that run in it.
+SIMULATOR_TEST = "test_cudasim_layers.py::test_layers_on_cuda_kernels_under_simulator"
+SIMULATED_FILES = ("test_abn.py", "test_abn_dtypes.py")
+_SIMULATOR_RUN = pytest.StashKey()
+
+
+class SimulatorRun:
+    """``pytest -m kernels`` of :data:`SIMULATED_FILES` with ``LAYERS_KERNELS=cudasim``, in a
+    subprocess that started when this object was made; output to a temporary file (a pipe
+    could fill up and stall it)."""
+
+    def __init__(self):
+        here = Path(__file__).resolve().parent
+        env = {**os.environ, "LAYERS_KERNELS": "cudasim"}
+        self._log = tempfile.TemporaryFile(mode="w+")
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-q", "-m", "kernels", "-p", "no:cacheprovider",
+             *(str(here / name) for name in SIMULATED_FILES)],
+            cwd=here.parent, env=env, stdout=self._log, stderr=subprocess.STDOUT, text=True)
+
+    def result(self, timeout=1800):
+        """``(returncode, output)``, waiting for the subprocess (killed after ``timeout``)."""
+        try:
+            self._process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._log.seek(0)
+        return self._process.returncode, self._log.read()
+
+    def stop(self):
+        if self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+        self._log.close()
+
+
+def simulator_run(config):
+    """The session's :class:`SimulatorRun`, started now if collection did not start it."""
+    if _SIMULATOR_RUN not in config.stash:
+        config.stash[_SIMULATOR_RUN] = SimulatorRun()
+    return config.stash[_SIMULATOR_RUN]
+
+
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection: only a selected test starts it
+def pytest_collection_modifyitems(config, items):
+    waiting = [item for item in items if item.nodeid.endswith(SIMULATOR_TEST)]
+    if waiting and len(items) > len(waiting):
+        items[:] = [item for item in items if item not in waiting] + waiting
+        simulator_run(config)
+
+
+def pytest_unconfigure(config):
+    if _SIMULATOR_RUN in config.stash:
+        config.stash[_SIMULATOR_RUN].stop()
 
 
 def pytest_report_header(config):

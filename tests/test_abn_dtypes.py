@@ -121,11 +121,13 @@ CASES = list(itertools.product(HALF, LAYERS, ACTIVATIONS, (False, True), ("abs",
 
 
 def _on_kernels(case):
-    """The cases re-run under the CUDA simulator (slow): every dtype, layer (backward mode) and
-    layout, in training with leaky ReLU and the default scale. The activations are the same
-    code as in float32 (``common.py``), which ``test_abn.py`` checks there."""
-    _, _, (activation, _), _, scale_mode, training = case
-    return activation == "leaky_relu" and scale_mode == "abs" and training
+    """The cases re-run under the CUDA simulator (slow): per dtype, ABN (the backward from the
+    stored input) channels-last and InPlace-ABN II (from the output) contiguous, in training
+    with leaky ReLU and the default scale. The rest of the CUDA code is the same as for
+    float32 and float64 (the activations in ``common.py``), which ``test_abn.py`` checks."""
+    _, name, (activation, _), channels_last, scale_mode, training = case
+    chosen = (name, channels_last) in (("abn", True), ("inplace_abn_II", False))
+    return chosen and activation == "leaky_relu" and scale_mode == "abs" and training
 
 
 def _case_id(case):

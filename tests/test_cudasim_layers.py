@@ -2,25 +2,24 @@
 
 Re-runs every ``kernels``-marked test of ``test_abn.py`` (small shapes, float64 against the
 composite PyTorch ops) and of ``test_abn_dtypes.py`` (float16 and bfloat16 inputs) with
-``LAYERS_KERNELS=cudasim``, in a subprocess because the simulator
-is chosen when ``layers`` is imported.
+``LAYERS_KERNELS=cudasim``, in a subprocess because the simulator is chosen when ``layers`` is
+imported. The simulator runs the kernels as single-threaded Python (minutes), so in a whole
+test session ``conftest.py`` starts that subprocess as soon as the tests are collected, beside
+the other tests, and runs this test last, to collect its result.
 """
 import os
 import subprocess
 import sys
 
+from conftest import simulator_run
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_layers_on_cuda_kernels_under_simulator():
-    env = {**os.environ, "LAYERS_KERNELS": "cudasim"}
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-m", "kernels", "-p", "no:cacheprovider",
-         os.path.join(ROOT, "tests", "test_abn.py"),
-         os.path.join(ROOT, "tests", "test_abn_dtypes.py")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
-    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
-    assert " passed" in run.stdout and "failed" not in run.stdout
+def test_layers_on_cuda_kernels_under_simulator(request):
+    returncode, output = simulator_run(request.config).result()
+    assert returncode == 0, output[-10000:]
+    assert " passed" in output and "failed" not in output
 
 
 def test_simulator_is_actually_used():
