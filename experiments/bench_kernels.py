@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from layers import InPlaceABN
+from layers.kernels.codecs import compute_dtype
 
 from .records import paths
 from .records.atomic import write_json_atomic
@@ -126,60 +127,72 @@ class CompositeBatchNormAct(torch.nn.Module):
         return F.leaky_relu(y, SLOPE)
 
 
-def _measurements(shape, dtype, device):
-    """``[(name, fn, setup)]`` for :func:`time_callable`, sharing the input tensors.
+class Contenders:
+    """The timed operations on one input ``src`` and incoming gradient ``grad``, for
+    :func:`experiments.measure.timing.time_callable` and ``time_interleaved``: this benchmark
+    and the GPU self-check (:mod:`experiments.gpu_selfcheck.timing`) time the same ones.
 
-    Parameters and running statistics are float32 for 16-bit data, as under autocast.
+    ``abn`` holds ``InPlaceABN`` variants ``"I"`` and ``"II"`` (training mode, leaky ReLU),
+    ``composite`` the :class:`CompositeBatchNormAct`. Parameters and running statistics are in
+    the kernels' compute dtype (float32 for 16-bit data, as under autocast).
     """
+
+    def __init__(self, src, grad):
+        channels = src.shape[1]
+        options = dict(dtype=compute_dtype(src.dtype), device=src.device)
+        self.abn = {variant: InPlaceABN(channels, activation=ACTIVATION, activation_param=SLOPE,
+                                        momentum=MOMENTUM, eps=EPS, variant=variant,
+                                        **options).train()
+                    for variant in ("I", "II")}
+        self.composite = CompositeBatchNormAct(channels, options)
+        self.src, self.grad = src, grad
+        # Source of the fresh non-leaf inputs of the fwd+bwd runs: x = base.clone() is what an
+        # in-place layer accepts (a leaf that requires grad is refused).
+        self._base = src.clone().requires_grad_(True)
+        self._buffer = torch.empty_like(src)
+        self._dst = torch.empty_like(src)
+
+    def fresh_input(self, module):
+        """A setup: a new non-leaf copy of the input, gradients cleared."""
+        def setup():
+            self._base.grad = None
+            module.zero_grad(set_to_none=True)
+            return self._base.clone()
+        return setup
+
+    def fwd_bwd(self, module):
+        """A timed run: ``module``'s forward and backward with the incoming gradient."""
+        def run(x):
+            module(x).backward(self.grad)
+        return run
+
+    def refill(self):
+        """The setup of :meth:`forward`: one buffer refilled from the input (untimed)."""
+        self._buffer.copy_(self.src)
+        return self._buffer
+
+    def forward(self, x):
+        """The ``InPlaceABN`` training forward alone, in place on ``x``."""
+        with torch.no_grad():
+            self.abn["I"](x)
+
+    def copy(self):
+        """``dst.copy_(src)``: one read and one write of the tensor, the memory floor."""
+        self._dst.copy_(self.src)
+
+
+def _measurements(shape, dtype, device):
+    """``[(name, fn, setup)]`` for :func:`time_callable`, sharing the input tensors."""
     generator = torch.Generator().manual_seed(SEED)
     src = torch.randn(shape, generator=generator).to(dtype).to(device)
     grad = torch.randn(shape, generator=generator).to(dtype).to(device)
-    channels = shape[1]
-    parameter_dtype = torch.float32 if dtype.itemsize == 2 else dtype
-    options = dict(dtype=parameter_dtype, device=device)
-
-    # Source of the fresh non-leaf inputs of the fwd+bwd runs: x = base.clone() is what an
-    # in-place layer accepts (a leaf that requires grad is refused).
-    base = src.clone().requires_grad_(True)
-
-    def fresh_input(module):
-        def setup():
-            base.grad = None
-            module.zero_grad(set_to_none=True)
-            return base.clone()
-        return setup
-
-    def fwd_bwd(module):
-        def run(x):
-            module(x).backward(grad)
-        return run
-
-    abn = {variant: InPlaceABN(channels, activation=ACTIVATION, activation_param=SLOPE,
-                               momentum=MOMENTUM, eps=EPS, variant=variant, **options).train()
-           for variant in ("I", "II")}
-
-    composite = CompositeBatchNormAct(channels, options)
-
-    # Forward only: refill one buffer from src (untimed), normalise it in place (timed).
-    buffer = torch.empty_like(src)
-    forward_layer = abn["I"]
-
-    def refill():
-        buffer.copy_(src)
-        return buffer
-
-    def forward_only(x):
-        with torch.no_grad():
-            forward_layer(x)
-
-    dst = torch.empty_like(src)
-
+    c = Contenders(src, grad)
     return [
-        ("inplace_abn_fwd_bwd_I", fwd_bwd(abn["I"]), fresh_input(abn["I"])),
-        ("inplace_abn_fwd_bwd_II", fwd_bwd(abn["II"]), fresh_input(abn["II"])),
-        ("composite_fwd_bwd", fwd_bwd(composite), fresh_input(composite)),
-        ("inplace_abn_fwd_I", forward_only, refill),
-        ("copy", lambda: dst.copy_(src), None),
+        ("inplace_abn_fwd_bwd_I", c.fwd_bwd(c.abn["I"]), c.fresh_input(c.abn["I"])),
+        ("inplace_abn_fwd_bwd_II", c.fwd_bwd(c.abn["II"]), c.fresh_input(c.abn["II"])),
+        ("composite_fwd_bwd", c.fwd_bwd(c.composite), c.fresh_input(c.composite)),
+        ("inplace_abn_fwd_I", c.forward, c.refill),
+        ("copy", c.copy, None),
     ]
 
 

@@ -17,16 +17,14 @@ order; ``torch.cuda.Event`` on a GPU), inputs prepared outside the timed region:
   and of ``F.batch_norm`` + ``F.leaky_relu``
   (:class:`experiments.bench_kernels.CompositeBatchNormAct`) through autograd.
 
-Leaky ReLU (slope 0.01), momentum 0.1, eps 1e-5, as ``experiments/bench_kernels.py``; 16-bit
-data with float32 parameters and statistics, as the layers keep them.
+The operations are those of ``experiments/bench_kernels.py`` (its :class:`Contenders`: leaky
+ReLU 0.01, momentum 0.1, eps 1e-5; 16-bit data with float32 parameters and statistics).
 """
 import torch
 
-from layers import InPlaceABN
-
-from ..bench_kernels import ACTIVATION, EPS, MOMENTUM, SLOPE, CompositeBatchNormAct
+from ..bench_kernels import Contenders
 from ..measure.timing import time_interleaved
-from .checks import DTYPES, LAYOUTS, parameter_dtype
+from .checks import DTYPES, LAYOUTS
 
 #: Ratio name -> (floor, goal) in copies: the memory traffic the pass cannot avoid, and what an
 #: H100-class GPU should reach.
@@ -54,61 +52,32 @@ def contenders(shape, dtype, layout, device):
         t = torch.randn(shape, generator=generator, dtype=torch.float32)
         return t.to(device=device, dtype=torch_dtype).contiguous(memory_format=memory_format)
 
-    src, dz = tensor(), tensor()
-    dst, buffer = torch.empty_like(src), torch.empty_like(src)
-    channels = shape[1]
-    options = dict(device=device, dtype=parameter_dtype(torch_dtype))
-    abn = {variant: InPlaceABN(channels, activation=ACTIVATION, activation_param=SLOPE,
-                               momentum=MOMENTUM, eps=EPS, variant=variant, **options).train()
-           for variant in ("I", "II")}
-    composite = CompositeBatchNormAct(channels, options)
-    # The fwd+bwd inputs: x = base.clone(), a non-leaf, as an in-place layer needs.
-    base = src.clone().requires_grad_(True)
-
-    def fresh_input(module):
-        def setup():
-            base.grad = None
-            module.zero_grad(set_to_none=True)
-            return base.clone()
-        return setup
-
-    def fwd_bwd(module):
-        def run(x):
-            module(x).backward(dz)
-        return run
+    c = Contenders(tensor(), tensor())
 
     def forward_output(module):
         def setup():
-            return module(fresh_input(module)())
+            return module(c.fresh_input(module)())
         return setup
 
     def backward(out):
-        out.backward(dz)
-
-    def refill():
-        buffer.copy_(src)
-        return buffer
-
-    def forward(x):
-        with torch.no_grad():
-            abn["I"](x)
+        out.backward(c.grad)
 
     fns = {
-        "copy": lambda: dst.copy_(src),
-        "forward": forward,
+        "copy": c.copy,
+        "forward": c.forward,
         "backward_I": backward,
         "backward_II": backward,
-        "fwd_bwd_I": fwd_bwd(abn["I"]),
-        "fwd_bwd_II": fwd_bwd(abn["II"]),
-        "batch_norm_act": fwd_bwd(composite),
+        "fwd_bwd_I": c.fwd_bwd(c.abn["I"]),
+        "fwd_bwd_II": c.fwd_bwd(c.abn["II"]),
+        "batch_norm_act": c.fwd_bwd(c.composite),
     }
     setups = {
-        "forward": refill,
-        "backward_I": forward_output(abn["I"]),
-        "backward_II": forward_output(abn["II"]),
-        "fwd_bwd_I": fresh_input(abn["I"]),
-        "fwd_bwd_II": fresh_input(abn["II"]),
-        "batch_norm_act": fresh_input(composite),
+        "forward": c.refill,
+        "backward_I": forward_output(c.abn["I"]),
+        "backward_II": forward_output(c.abn["II"]),
+        "fwd_bwd_I": c.fresh_input(c.abn["I"]),
+        "fwd_bwd_II": c.fresh_input(c.abn["II"]),
+        "batch_norm_act": c.fresh_input(c.composite),
     }
     return fns, setups
 
