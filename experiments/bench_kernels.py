@@ -22,9 +22,9 @@ Derived per row: ``speedup_vs_composite_I``/``_II`` (composite time / in-place t
 copy's ``effective_bandwidth_GBps`` (2 * tensor bytes / time, one read and one write).
 
 Writes one JSON file (atomically) with ``run``, ``config``, ``rows`` (``dtype``,
-``tensor_bytes``, ``results``, ``ratios`` each) and ``environment``. Like every artifact it belongs to a run, ``<profile>-<device>``
-(:mod:`experiments.records.paths`): the pipeline passes its run, by hand it is
-``manual-<device>``; default path ``artifacts/bench_kernels/<run>.json``.
+``tensor_bytes``, ``results``, ``ratios`` each) and ``environment``. Like every artifact it
+belongs to a run, ``<profile>-<device>`` (:mod:`experiments.records.paths`): the pipeline passes
+its run, by hand it is ``manual-<device>``; default path ``artifacts/bench_kernels/<run>.json``.
 """
 import argparse
 import sys

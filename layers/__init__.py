@@ -25,4 +25,5 @@ from .wideresnet import WideResNet, wideresnet38
 __all__ = ["ABN", "InPlaceABN", "ABNSync", "InPlaceABNSync", "NORM_TYPES",
            "convert_sync_batchnorm", "DenseNet", "densenet_bc", "densenet121", "densenet161",
            "densenet169", "densenet201", "densenet232", "densenet264", "ResNeXt", "resnext101",
-           "resnext152", "WideResNet", "wideresnet38", "DeepLabV3", "deeplabv3", "fuse_abn", "functional"]
+           "resnext152", "WideResNet", "wideresnet38", "DeepLabV3", "deeplabv3", "fuse_abn",
+           "functional"]

@@ -19,8 +19,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from .abn import ABN, NormBase
-from .residual import BatchNormAct2d
+from .abn import ABN, NORM_TYPES
 
 #: Convolutions a norm can be folded into.
 _CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -30,8 +29,7 @@ class _Tracer(fx.Tracer):
     """Keeps every normalization module as one node, so that it can be matched and replaced."""
 
     def is_leaf_module(self, module, qualified_name):
-        return isinstance(module, (NormBase, nn.modules.batchnorm._BatchNorm)) \
-            or super().is_leaf_module(module, qualified_name)
+        return isinstance(module, NORM_TYPES) or super().is_leaf_module(module, qualified_name)
 
 
 def _activation_module(norm):
@@ -75,8 +73,7 @@ def _fold(conv, norm):
 
 def _foldable(norm):
     """Whether ``norm`` computes a fixed affine map + activation (eval mode, running stats)."""
-    return (isinstance(norm, (NormBase, nn.modules.batchnorm._BatchNorm))
-            and not norm.training and norm.running_mean is not None
+    return (isinstance(norm, NORM_TYPES) and not norm.training and norm.running_mean is not None
             and norm.running_var is not None)
 
 

@@ -8,14 +8,14 @@ Each takes torch CPU tensors in one of the canonical views of :mod:`layers.kerne
 ``Tensor.numpy()``; float16 and bfloat16 tensors arrive as their 16-bit patterns and are
 converted in registers (:mod:`layers.kernels.codecs`).
 
-Memory traffic: in training, the in-place forward reads each channel once and writes it
-once (statistics and output back to back per channel, the second read hitting cache); the
-backward makes two reads for the reductions and two reads plus one write for the input
-gradient. Fusing the two backward passes per channel was measured not to help. In the
-``(N, C, S)`` view, sums are taken over blocks of ``_BLOCK`` elements in the compute precision
-(the data's, float32 for 16-bit data) and the block sums added in float64; the channels-last view does the same per channel over
-blocks of ``_BLOCK`` rows. The statistics subtract a per-channel sample value first (shifted
-sums), so a large mean does not cancel the variance in float32.
+Memory traffic: in training, the in-place forward reads each channel once and writes it once
+(statistics and output back to back per channel, the second read hitting cache); the backward
+makes two reads for the reductions and two reads plus one write for the input gradient. Fusing
+the two backward passes per channel was measured not to help. In the ``(N, C, S)`` view, sums
+are taken over blocks of ``_BLOCK`` elements in the compute precision (the data's, float32 for
+16-bit data) and the block sums added in float64; the channels-last view does the same per
+channel over blocks of ``_BLOCK`` rows. The statistics subtract a per-channel sample value first
+(shifted sums), so a large mean does not cancel the variance in float32.
 
 Reproducibility: the order of every sum is fixed by the shape alone (rows of the ``(N, C, S)``
 view, chunks of ``_ROWS_PER_CHUNK`` rows of the ``(M, C)`` view, the choice of the fused
