@@ -55,8 +55,9 @@ OK = "ok"
 OUT_OF_MEMORY = "out_of_memory"
 #: measure()'s fields copied into the point's record.
 MEMORY_FIELDS = ("saved_bytes", "saved_tensor_bytes", "saved_tensor_count",
-                 "shared_storage_bytes", "saved_over_lower_bound", "peak_bytes",
-                 "peak_baseline_bytes", "peak_method")
+                 "shared_storage_bytes", "saved_over_lower_bound", "excess_shared_storage_bytes",
+                 "excess_feature_map_bytes", "excess_per_channel_bytes", "excess_not_saved_bytes",
+                 "excess_tensors", "peak_bytes", "peak_baseline_bytes", "peak_method")
 
 
 def parse_args(argv=None):

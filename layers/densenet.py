@@ -16,6 +16,13 @@ state dict loads into the ImageNet models built here with ``norm="bn"``, ``preac
   ``concat -> BN -> act -> conv1x1``, as torchvision's ``memory_efficient=True`` and the
   authors' later PyTorch code do; the recomputation re-uses the batch statistics without
   updating the running statistics a second time.
+* ``"shared_inplace"`` (``norm="iabn"`` or ``"iabn_sync"`` only): the two papers combined
+  (:mod:`layers.shared_inplace`). One shared storage instead of two: the concatenation is
+  normalized and activated in place in it, and the convolution's backward and InPlace-ABN's
+  both read that buffer; it holds at most ``bn_size * growth_rate`` channels at a time (the
+  concatenation is processed in chunks of channels, a 1x1 convolution being a sum over them).
+  The final BN + activation + pooling of a pre-activation network take the same route, so no
+  concatenation or normalized copy is kept for backward at all.
 
 ``norm="bn"`` uses ``nn.BatchNorm2d`` (PyTorch's own BN) followed by the network's
 ``activation``, ReLU by default as torchvision's; another activation (leaky ReLU, ELU, the
@@ -51,9 +58,12 @@ from torch.utils.checkpoint import checkpoint
 from . import functional
 from .abn import ABN, NORM_TYPES, InPlaceABN, exporting
 from .residual import NORM_MODULES
-from .shared_storage import SharedStorages, concat_norm_act_conv
+from . import shared_inplace
+from .shared_storage import SharedStorage, SharedStorages, concat_norm_act_conv
 
-IMPLS = ("naive", "shared", "checkpoint")
+IMPLS = ("naive", "shared", "shared_inplace", "checkpoint")
+#: The implementations that need an in-place norm (``"iabn"``, ``"iabn_sync"``).
+INPLACE_IMPLS = ("shared_inplace",)
 NORMS = ("bn", "iabn", "iabn_sync")
 #: ``norm`` -> the activations it takes: any of the ABN layers' for STD-BN, the invertible ones
 #: for the in-place layers.
@@ -164,12 +174,20 @@ def _checkpointed(features, norm, conv, activation):
 
 class _Route:
     """How one network computes its ``concat -> norm -> act -> conv`` steps (its ``impl``),
-    and the ``activation`` that follows its torch batch norms."""
+    and the ``activation`` that follows its torch batch norms. ``chunk_channels``: the most
+    channels the one storage of ``"shared_inplace"`` holds at a time."""
 
-    def __init__(self, impl, activation):
+    def __init__(self, impl, activation, chunk_channels):
         self.impl = impl
         self.activation = activation
-        self.storages = SharedStorages() if impl == "shared" else None
+        self.chunk_channels = chunk_channels
+        self.storages = {"shared": SharedStorages,
+                         "shared_inplace": SharedStorage}.get(impl, lambda: None)()
+
+    def _shares(self, impl):
+        """Whether this route computes through ``impl``'s shared storage now (not while the
+        model is exported, which records the plain operations)."""
+        return self.impl == impl and not exporting()
 
     def norm_act(self, norm, x):
         """``act(norm(x))`` (:func:`_norm_act` with this network's activation)."""
@@ -177,10 +195,13 @@ class _Route:
 
     def concat_norm_act_conv(self, features, norm, conv, checkpointed=False):
         """``conv(act(norm(cat(features))))``; ``checkpointed`` marks a dense layer's bottleneck."""
-        if self.impl == "shared" and not exporting():  # export records the plain ops below
+        if self._shares("shared"):
             return concat_norm_act_conv(features, self.storages, norm, conv,
                                         activation=self.activation.name,
                                         activation_param=self.activation.param)
+        if self._shares("shared_inplace"):
+            return shared_inplace.concat_norm_act_conv(features, self.storages, norm, conv,
+                                                       self._chunk(features[0]))
         if (checkpointed and self.impl == "checkpoint" and not exporting()
                 and any(f.requires_grad for f in features)):
             return _checkpointed(features, norm, conv, self.activation)
@@ -193,10 +214,31 @@ class _Route:
             return conv(norm(x))
         return self.concat_norm_act_conv([x], norm, conv)
 
-    def reserve(self, numel, like):
-        """Size the shared storages once for a whole block (no-op for other impls)."""
-        if self.storages is not None and not exporting():
-            self.storages.reserve(numel, like)
+    def pools_in_storage(self, norm):
+        """Whether the final ``norm`` + activation + global pooling go through the storage."""
+        return norm is not None and self._shares("shared_inplace")
+
+    def norm_act_pool(self, features, norm):
+        """``act(norm(cat(features)))`` averaged over space, ``(N, C)``, in the storage."""
+        return shared_inplace.concat_norm_act_pool(features, self.storages, norm,
+                                                   self._chunk(features[0]))
+
+    def _chunk(self, like):
+        """Channels of ``like``'s maps the one storage takes at a time: ``chunk_channels``, or
+        as many as fit in the room reserved for them at a larger resolution (an earlier
+        block's), so that smaller maps take fewer, wider chunks at no cost in memory."""
+        n, _, *spatial = like.shape
+        fits = self.storages.capacity(like) // max(1, n * math.prod(spatial))
+        return max(self.chunk_channels, fits)
+
+    def reserve(self, batch, channels, spatial, like):
+        """Size the shared storages once for a whole block whose widest concatenation or
+        bottleneck has ``channels`` channels (no-op for the other impls)."""
+        if self.storages is None or exporting():
+            return
+        if self.impl == "shared_inplace":
+            channels = min(channels, self.chunk_channels)
+        self.storages.reserve(batch * channels * spatial, like)
 
 
 # --------------------------------------------------------------------------- modules
@@ -259,7 +301,7 @@ class _DenseBlock(nn.ModuleDict):
         # Room for the widest concatenation (the block output, read by the transition) or
         # bottleneck, so that the storages are allocated once and not grown layer by layer.
         n, _, h, w = init_features.shape
-        self.route.reserve(n * self.widest * h * w, init_features)
+        self.route.reserve(n, self.widest, h * w, init_features)
         features = [init_features]
         for layer in self.values():
             features.append(layer(features))
@@ -325,9 +367,13 @@ class _Features(nn.Sequential):
     their concatenation, and so does the caller: the result is always one tensor.
     """
 
-    def forward(self, x):
+    def forward(self, x, final_norm=True):
+        """The final feature map; without ``final_norm``, what the final norm of a
+        pre-activation network would take: the list of the last block's feature maps."""
         out = x
-        for module in self:
+        for name, module in self.named_children():
+            if name == "norm5" and not final_norm:
+                return out
             if isinstance(out, list) and not isinstance(module, (_DenseBlock, _Transition)):
                 out = torch.cat(out, 1)  # the final norm (pre-activation networks)
             out = module(out)
@@ -377,6 +423,9 @@ def _check_arguments(growth_rate, block_config, num_init_features, bn_size, comp
         raise ValueError(f"drop_rate={drop_rate!r} must lie in [0, 1)")
     functional.check_choice("impl", impl, IMPLS)
     functional.check_choice("norm", norm, NORMS)
+    if impl in INPLACE_IMPLS and norm == "bn":
+        raise ValueError(f"impl={impl!r} normalizes in place: it needs norm='iabn' or "
+                         f"'iabn_sync', not norm={norm!r} (use impl='shared' for nn.BatchNorm2d)")
     for name, value in (("small_inputs", small_inputs), ("preact", preact)):
         if not isinstance(value, bool):
             raise ValueError(f"{name}={value!r} must be True or False")
@@ -394,7 +443,9 @@ class DenseNet(nn.Module):
         compression: a transition keeps ``floor(compression * C)`` of its ``C`` channels.
         num_classes: outputs of the classifier.
         small_inputs: 32x32 stem (3x3 convolution, no pooling) instead of the ImageNet one.
-        impl: ``"naive"``, ``"shared"`` (memory-efficient, the default) or ``"checkpoint"``.
+        impl: ``"naive"``, ``"shared"`` (memory-efficient, the default), ``"shared_inplace"``
+            (one shared storage, in place: ``norm="iabn"`` or ``"iabn_sync"``) or
+            ``"checkpoint"``.
         norm: ``"bn"`` (``nn.BatchNorm2d`` + activation), ``"iabn"`` (InPlace-ABN) or
             ``"iabn_sync"`` (InPlace-ABN synchronised over the default process group).
         preact: pre-activation (``BN-act-conv``, the default) or post-activation layers.
@@ -415,7 +466,7 @@ class DenseNet(nn.Module):
         super().__init__()
         self.impl, self.norm, self.preact = impl, norm, preact
         self.activation, self.activation_param = act.name, act.param
-        self._route = _Route(impl, act)
+        self._route = _Route(impl, act, chunk_channels=bn_size * growth_rate)
 
         self.features = _Features(OrderedDict(
             _stem(num_init_features, small_inputs, norm, preact, act)))
@@ -452,11 +503,15 @@ class DenseNet(nn.Module):
                 f"activation={self.activation}, activation_param={self.activation_param}")
 
     def shared_storage_bytes(self):
-        """Bytes held by the shared storages (0 unless ``impl="shared"``)."""
+        """Bytes held by the shared storages (0 unless ``impl`` is a shared one)."""
         storages = self._route.storages
         return 0 if storages is None else storages.nbytes
 
     def forward(self, x):
+        final_norm = getattr(self.features, "norm5", None)
+        if self._route.pools_in_storage(final_norm):
+            return self.classifier(self._route.norm_act_pool(
+                self.features(x, final_norm=False), final_norm))
         out = self.features(x)
         if self.preact and self.norm == "bn":  # the final BN's activation, as torchvision's
             out = self._route.activation(out)
@@ -579,5 +634,5 @@ def load_torchvision_state_dict(model, state_dict, strict=True):
 
 __all__ = ["DenseNet", "densenet_bc", "densenet121", "densenet169", "densenet201",
            "densenet161", "densenet232", "densenet264", "load_torchvision_state_dict",
-           "torchvision_state_dict", "IMPLS", "NORMS", "ALLOWED_ACTIVATIONS",
+           "torchvision_state_dict", "IMPLS", "INPLACE_IMPLS", "NORMS", "ALLOWED_ACTIVATIONS",
            "DEFAULT_ACTIVATIONS"]

@@ -167,7 +167,7 @@ def _check_inplace_input(x, weight, eps, scale_mode):
     if getattr(backend(x), "DEVICE_GUARD", False):
         _settle_ready(weight)  # an earlier refusal the host can read now is raised now
         return _DeviceCheck(weight, eps)
-    _check_invertible_scale(weight, eps)
+    check_invertible_scale(weight, eps)
     return None
 
 
@@ -176,7 +176,7 @@ def has_values(tensor):
     return not (tensor.is_meta or is_fake(tensor))
 
 
-def _check_invertible_scale(weight, eps):
+def check_invertible_scale(weight, eps):
     """Raise unless every ``|weight| >= eps`` (``scale_mode="bn"``, in place, differentiable).
 
     The immediate check of the CPU kernels, where reading the weight costs no synchronisation.
@@ -358,7 +358,7 @@ def _empty_like_layout(x, layout):
 
 
 # --------------------------------------------------------------------------- shared steps
-def _scale_and_shift(weight, bias, channels, eps, scale_mode, like):
+def scale_and_shift(weight, bias, channels, eps, scale_mode, like):
     """Per-channel ``gamma``, ``beta`` and ``d gamma / d weight`` (float64)."""
     options = dict(dtype=torch.float64, device=like.device)
     if weight is None:
@@ -419,7 +419,7 @@ def normalize_activate_into(x, out, weight, bias, running_mean, running_var, tra
     out_view = view if out is x else _view(out, layout)
     channels = x.shape[1]
     count = view.numel() // channels
-    gamma, beta, dgamma_dweight = _scale_and_shift(weight, bias, channels, eps, scale_mode, x)
+    gamma, beta, dgamma_dweight = scale_and_shift(weight, bias, channels, eps, scale_mode, x)
     if not training:
         mean = running_mean.double()
         rstd = torch.rsqrt(running_var.double() + eps)

@@ -52,6 +52,11 @@ class SharedStorage:
         """Bytes currently allocated, over all devices (0 before the first use)."""
         return sum(buffer.nbytes for buffer in self._buffers.values())
 
+    def capacity(self, like):
+        """Elements of ``like``'s dtype the buffer on ``like``'s device holds (0 if none)."""
+        buffer = self._buffers.get(like.device)
+        return 0 if buffer is None or buffer.dtype != like.dtype else buffer.numel()
+
     def reserve(self, numel, like):
         """Make room for ``numel`` elements of ``like``'s dtype on ``like``'s device."""
         buffer = self._buffers.get(like.device)
@@ -148,7 +153,7 @@ def norm_group(norm):
     return None
 
 
-def _norm_spec(norm, activation, activation_param):
+def norm_spec(norm, activation="relu", activation_param=None):
     """The spec and ``(running_mean, running_var)`` of ``norm`` for one forward call.
 
     Uses the module's own bookkeeping, as its forward would: in training it counts the batch in
@@ -169,7 +174,7 @@ def _concat(features, storages):
     return torch.cat(features, 1, out=storages.concat.view(shape, first))
 
 
-def _conv_dtype(y):
+def conv_dtype(y):
     """The dtype ``F.conv2d`` computes in for input ``y``: the autocast dtype while autocast
     is on for ``y``'s device (it casts input and weight), else ``y``'s own."""
     device = y.device.type
@@ -178,7 +183,7 @@ def _conv_dtype(y):
     return y.dtype
 
 
-def _conv_grads(grad_out, y, weight, stride, padding, input_grad, weight_grad, dtype):
+def conv_grads(grad_out, y, weight, stride, padding, input_grad, weight_grad, dtype):
     """``(dy, dweight)`` of ``conv2d(y, weight)`` (no bias, dilation 1, one group) computed in
     ``dtype``, as the forward's convolution was; returned in ``y``'s and ``weight``'s dtypes.
     """
@@ -205,7 +210,7 @@ class _ConcatNormActConv(torch.autograd.Function):
                                                 spec.training, spec.group, norm_weight,
                                                 norm_bias)
         ctx.storages, ctx.stride, ctx.padding = storages, stride, padding
-        ctx.conv_dtype = _conv_dtype(y)
+        ctx.conv_dtype = conv_dtype(y)
         ctx.save_for_backward(conv_weight, norm_weight, norm_bias, channel, *features)
         return F.conv2d(y, conv_weight, None, stride, padding)
 
@@ -222,7 +227,7 @@ class _ConcatNormActConv(torch.autograd.Function):
             spec = ctx.backward_spec
             y = ctx.storages.normalized.view(x.shape, x)
             reapply_into(x, y, channel, spec.act, spec.slope)
-        dy, dconv = _conv_grads(grad_out, y, conv_weight, ctx.stride, ctx.padding,
+        dy, dconv = conv_grads(grad_out, y, conv_weight, ctx.stride, ctx.padding,
                                 feature_grad or norm_grad, needs[4], ctx.conv_dtype)
         dnorm_weight = dnorm_bias = None
         dx = dy
@@ -251,7 +256,7 @@ def concat_norm_act_conv(features, storages, norm, conv, activation="relu",
     if conv.bias is not None or conv.groups != 1 or conv.dilation != (1, 1):
         raise ValueError("conv must be an nn.Conv2d with bias=False, groups=1, dilation=1")
     spec, running_mean, running_var = ((None, None, None) if norm is None
-                                       else _norm_spec(norm, activation, activation_param))
+                                       else norm_spec(norm, activation, activation_param))
     norm_weight = None if norm is None else norm.weight
     norm_bias = None if norm is None else norm.bias
     return _ConcatNormActConv.apply(storages, spec, conv.stride, conv.padding, conv.weight,

@@ -110,7 +110,8 @@ def run_layer(layer, xs, dzs):
 #: Models trained with DistributedDataParallel after ``layers.convert_sync_batchnorm``: a
 #: sequence of every convertible kind (InPlaceABN, BN + LeakyReLU after a convolution,
 #: ABN with relu) and a DenseNet-BC with InPlace-ABN in each implementation.
-DDP_MODELS = ("sequential", "densenet-naive", "densenet-shared", "densenet-checkpoint")
+DDP_MODELS = ("sequential", "densenet-naive", "densenet-shared", "densenet-shared_inplace",
+              "densenet-checkpoint")
 DDP_CLASSES = 5
 DDP_INPUT = (3, 8, 8)
 DDP_LR = 0.1

@@ -689,8 +689,8 @@ def test_weight_check_on_cpu_kernels_is_immediate(monkeypatch):
     if DEVICE_CHECKED:
         pytest.skip("the CUDA kernels check on the device")
     checks = []
-    original = layers.functional._check_invertible_scale
-    monkeypatch.setattr(layers.functional, "_check_invertible_scale",
+    original = layers.functional.check_invertible_scale
+    monkeypatch.setattr(layers.functional, "check_invertible_scale",
                         lambda weight, eps: checks.append(None) or original(weight, eps))
     layer, running = refused_layer()
     with torch.no_grad():

@@ -234,6 +234,8 @@ MODELS = {
     "resnext_blocks_iabn": _resnext_blocks,
     "densenet_shared_iabn": lambda: densenet_bc(depth=10, growth_rate=6, num_classes=10,
                                                 impl="shared", norm="iabn"),
+    "densenet_shared_inplace_iabn": lambda: densenet_bc(depth=10, growth_rate=6, num_classes=10,
+                                                        impl="shared_inplace", norm="iabn"),
 }
 
 

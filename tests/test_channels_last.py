@@ -88,6 +88,8 @@ MODELS = {
     "densenet_shared": lambda: densenet_bc(depth=16, growth_rate=8, impl="shared", norm="iabn"),
     "densenet_checkpoint": lambda: densenet_bc(depth=16, growth_rate=8, impl="checkpoint",
                                                norm="iabn"),
+    "densenet_shared_inplace": lambda: densenet_bc(depth=16, growth_rate=8,
+                                                   impl="shared_inplace", norm="iabn"),
     "resnext101": lambda: resnext101(num_classes=10, width=0.125, norm="iabn"),
     "wideresnet38": lambda: wideresnet38(num_classes=10, width=0.125, norm="iabn"),
     "deeplabv3_resnext101": lambda: deeplabv3("resnext101", num_classes=5, norm="iabn",

@@ -22,7 +22,8 @@ from layers.abn import ABN, batch_norm_arguments
 from layers.densenet import (DenseNet, densenet121, densenet161, densenet169, densenet201,
                              densenet232, densenet264, densenet_bc, load_torchvision_state_dict)
 
-IMPLS = ("naive", "shared", "checkpoint")
+IMPLS = ("naive", "shared", "checkpoint")  # every norm
+IABN_IMPLS = (*IMPLS, "shared_inplace")  # the in-place norms
 TOL = 1e-10
 
 
@@ -69,12 +70,13 @@ def test_implementations_compute_the_same_function(norm, preact, layout):
     reference = randomize_norms(reference.double())
     x = torch.randn(shape, dtype=torch.float64)
     grad = torch.randn(shape[0], reference.classifier.out_features, dtype=torch.float64)
+    impls = IMPLS if norm == "bn" else IABN_IMPLS
     models = {impl: build_like(reference, impl, layout, norm=norm, preact=preact)
-              for impl in IMPLS}
+              for impl in impls}
     expected = train_eval_nograd(models["naive"], x, grad)
     counts = [v for k, v in expected[0].items() if k.endswith("num_batches_tracked")]
     assert counts and all(c == 1 for c in counts)  # one training step: counted once
-    for impl in ("shared", "checkpoint"):
+    for impl in impls[1:]:
         for actual, wanted in zip(train_eval_nograd(models[impl], x, grad), expected):
             assert_same(actual, wanted)
 
@@ -115,7 +117,7 @@ def test_iabn_networks_match_a_composite_reference(preact):
     x = torch.randn(shape, dtype=torch.float64)
     grad = torch.randn(shape[0], 10, dtype=torch.float64)
     expected = train_eval_nograd(reference, x, grad)
-    for impl in IMPLS:
+    for impl in IABN_IMPLS:
         actual = train_eval_nograd(build_like(model, impl, "cifar", norm="iabn", preact=preact),
                                    x, grad)
         for a, e in zip(actual, expected):
@@ -287,7 +289,9 @@ def test_parameter_counts_match_the_papers(build, millions):
     (lambda: densenet_bc(41, 12), "depth=41"),
     (lambda: densenet_bc(4, 12), "depth=4"),
     (lambda: densenet_bc(40, 0), "growth_rate=0"),
-    (lambda: densenet_bc(40, 12, impl="fast"), "impl='fast'.*naive, shared, checkpoint"),
+    (lambda: densenet_bc(40, 12, impl="fast"), "impl='fast'.*naive, shared, shared_inplace, checkpoint"),
+    (lambda: densenet_bc(40, 12, impl="shared_inplace"),
+     "impl='shared_inplace'.*norm='iabn' or 'iabn_sync', not norm='bn'"),
     (lambda: densenet_bc(40, 12, norm="gn"), "norm='gn'.*allowed: bn, iabn, iabn_sync"),
     (lambda: densenet_bc(40, 12, compression=0), "compression=0"),
     (lambda: densenet_bc(40, 12, preact="yes"), "preact='yes'"),
@@ -318,7 +322,9 @@ def test_bad_arguments_are_named(call, match):
 
 
 # --------------------------------------------------------------------------- features
-CONFIGS_ALL_NORMS = list(itertools.product(("bn", "iabn", "iabn_sync"), (True, False), IMPLS))
+CONFIGS_ALL_NORMS = [(norm, preact, impl) for norm in ("bn", "iabn", "iabn_sync")
+                     for preact in (True, False)
+                     for impl in (IMPLS if norm == "bn" else IABN_IMPLS)]
 
 
 @pytest.mark.parametrize("norm, preact, impl", CONFIGS_ALL_NORMS)
@@ -436,7 +442,7 @@ def test_current_torchvision_keys_load_too_and_bad_model_is_refused():
 
 
 # --------------------------------------------------------------------------- norms
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", IABN_IMPLS)
 @pytest.mark.parametrize("preact", (True, False))
 def test_iabn_sync_without_process_group_equals_iabn(impl, preact):
     torch.manual_seed(10)

@@ -27,7 +27,7 @@ def test_one_point_times_every_implementation(tmp_path):
                                 "size": 8, "interleaved": True, "warmup": 1, "repeats": 2}
     results = report["results"]
     assert [r["impl"] for r in results] == list(measure.IMPLEMENTATIONS)
-    assert [r["model"] for r in results] == ["densenet_bc"] * 3 + ["torchvision_densenet"]
+    assert [r["model"] for r in results] == ["densenet_bc"] * 4 + ["torchvision_densenet"]
     assert len({r["param_count"] for r in results}) == 1
     for r in results:
         assert r["repeats"] == 2 and 0 < r["min_s"] <= r["median_s"] <= r["max_s"], r["impl"]

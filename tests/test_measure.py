@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from experiments.measure.step import (ModelSpec, lower_bound_bytes, measure, parse_args,
-                                 saved_tensor_bytes)
+from experiments.measure.step import (IMPLEMENTATIONS, ModelSpec, cifar_spec, lower_bound_bytes,
+                                      measure, parse_args, saved_tensor_bytes)
 from layers.densenet import densenet_bc
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -18,7 +18,11 @@ TINY = ["--model", "densenet_bc", "--depth", "10", "--growth-rate", "4", "--batc
 FIELDS = ("model", "input_shape", "dtype", "device", "warmup", "param_count", "param_bytes",
           "saved_tensor_bytes", "saved_tensor_count", "shared_storage_bytes", "saved_bytes",
           "lower_bound_bytes", "saved_over_lower_bound", "saved_tensor_over_lower_bound",
-          "peak_bytes", "peak_baseline_bytes", "peak_method", "time", "environment")
+          "excess_shared_storage_bytes", "excess_feature_map_bytes", "excess_per_channel_bytes",
+          "excess_not_saved_bytes", "excess_tensors", "peak_bytes", "peak_baseline_bytes",
+          "peak_method", "time", "environment")
+EXCESS = ("excess_shared_storage_bytes", "excess_feature_map_bytes", "excess_per_channel_bytes",
+          "excess_not_saved_bytes")
 
 
 def test_cli_reports_every_field(tmp_path):
@@ -49,17 +53,27 @@ def test_cli_reports_every_field(tmp_path):
 
 def test_saved_bytes_rank_the_implementations():
     shape = (4, 3, 16, 16)
-    reports = {impl: measure(ModelSpec("densenet_bc", 28, 6, impl=impl), shape, warmup=1,
-                             repeats=1, peak=False)
-               for impl in ("naive", "shared", "checkpoint")}
-    reports["torchvision"] = measure(ModelSpec("torchvision_densenet", 28, 6), shape, warmup=1,
-                                     repeats=1, peak=False)
+    reports = {impl: measure(cifar_spec(impl, 28, 6), shape, warmup=1, repeats=1, peak=False)
+               for impl in IMPLEMENTATIONS}
     saved = {name: r["saved_bytes"] for name, r in reports.items()}
-    assert saved["shared"] < saved["checkpoint"] == saved["torchvision"] < saved["naive"]
+    assert (saved["shared_inplace"] < saved["shared"] < saved["checkpoint"]
+            == saved["torchvision"] < saved["naive"])
     assert len({r["lower_bound_bytes"] for r in reports.values()}) == 1
     assert len({r["param_count"] for r in reports.values()}) == 1
     assert reports["naive"]["shared_storage_bytes"] == 0
     assert all(r["peak_bytes"] is None for r in reports.values())
+    for report in reports.values():  # the excess adds up, whatever the implementation
+        assert sum(report[key] for key in EXCESS) == (report["saved_bytes"]
+                                                      - report["lower_bound_bytes"])
+    # one storage, and no feature map beyond the bound: only per-channel states remain
+    inplace = reports["shared_inplace"]
+    assert inplace["excess_feature_map_bytes"] == inplace["excess_not_saved_bytes"] == 0
+    assert {t["shape"] for t in inplace["excess_tensors"]} == {"(3, C)", "(6, C)"}
+    assert 0 < inplace["excess_per_channel_bytes"] < inplace["excess_shared_storage_bytes"]
+    # the two-storage method keeps the last block's concatenation and its normalized copy
+    last = (4, densenet_bc(28, 6).classifier.in_features, 4, 4)
+    shared = {t["shape"]: t["count"] for t in reports["shared"]["excess_tensors"]}
+    assert shared[str(last)] == 2
 
 
 def test_torchvision_reference_is_the_same_network():

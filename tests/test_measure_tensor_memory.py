@@ -60,7 +60,8 @@ def deeplab_case(body, norm):
 
 
 CASES = {f"densenet-{impl}-{norm}": densenet_case(impl, norm)
-         for impl in densenet.IMPLS for norm in ("bn", "iabn")}
+         for impl in densenet.IMPLS for norm in ("bn", "iabn")
+         if not (impl in densenet.INPLACE_IMPLS and norm == "bn")}
 CASES.update({f"deeplabv3-{body}-{norm}": deeplab_case(body, norm)
               for body in ("resnext101", "wideresnet38") for norm in ("bn", "iabn")})
 

@@ -15,7 +15,8 @@ gradient ``g``; parameter gradients are zeroed (kept allocated) before each step
   parameters and buffers excluded (they are resident anyway). ``shared_storage_bytes``: the
   shared storages of ``impl="shared"`` (0 otherwise). ``saved_bytes``: their sum.
 * ``lower_bound_bytes`` (:func:`lower_bound_bytes`): what must persist for backward, from the
-  architecture; ``saved_over_lower_bound = saved_bytes / lower_bound_bytes``.
+  architecture; ``saved_over_lower_bound = saved_bytes / lower_bound_bytes``; the
+  ``excess_*`` fields (:func:`excess_over_lower_bound`) say where the difference goes.
 * ``peak_bytes``: the peak memory of one step above the memory before it (model, input,
   gradients and, after warm-up, the shared storages). On the CPU the peak tensor memory,
   tracked storage by storage (:class:`~experiments.measure.tensor_memory.TensorMemoryTracker`,
@@ -34,6 +35,8 @@ DenseNet-BC implementations the Fig. 4 and Fig. 5 experiments compare.
 """
 import argparse
 import dataclasses
+import math
+from collections import Counter
 from pathlib import Path
 
 import numba
@@ -47,7 +50,7 @@ from ..records.atomic import write_json_atomic
 from ..records.environment import describe_environment
 from ..records.point import DTYPES, SEED
 from . import tensor_memory
-from .saved_tensors import saved_storages
+from .saved_tensors import saved_storage_records
 from .tensor_memory import step_memory, training_state_tracker
 from .timing import time_callable
 
@@ -127,12 +130,16 @@ IMPLEMENTATIONS = (*densenet.IMPLS, "torchvision")
 
 def cifar_spec(implementation, depth, growth_rate=DEFAULT_CIFAR_GROWTH_RATE):
     """The :class:`ModelSpec` of DenseNet-BC-``depth`` (32x32 inputs) in ``implementation``
-    (one of :data:`IMPLEMENTATIONS`: ``torchvision`` is ``torchvision_densenet``)."""
+    (one of :data:`IMPLEMENTATIONS`: ``torchvision`` is ``torchvision_densenet``).
+
+    The paper's networks (``nn.BatchNorm2d`` + ReLU), but ``shared_inplace``, which needs an
+    in-place norm: InPlace-ABN (leaky ReLU), the same architecture and lower bound."""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation={implementation!r} must be one of {IMPLEMENTATIONS}")
     if implementation == "torchvision":
         return ModelSpec("torchvision_densenet", depth, growth_rate)
-    return ModelSpec("densenet_bc", depth, growth_rate, impl=implementation)
+    norm = "iabn" if implementation in densenet.INPLACE_IMPLS else None
+    return ModelSpec("densenet_bc", depth, growth_rate, impl=implementation, norm=norm)
 
 
 def cifar_configuration(implementation, depth, growth_rate, batch, size):
@@ -179,12 +186,19 @@ def saved_tensor_bytes(model, x):
     Tensors saved inside a checkpointed region go to the checkpoint's own hooks, which drop
     them, so they are not counted: they are not kept.
     """
-    sizes = saved_storages(model, x)
-    return sum(sizes), len(sizes)
+    records = saved_storage_records(model, x)
+    return sum(nbytes for nbytes, _, _ in records), len(records)
 
 
 def lower_bound_bytes(model, input_shape, dtype=torch.float32):
-    """The bytes that must persist for backward of ``model``, from its architecture.
+    """The bytes that must persist for backward of ``model``, from its architecture: the sum
+    of :func:`lower_bound_parts`."""
+    return sum(nbytes for _, _, nbytes in lower_bound_parts(model, input_shape, dtype))
+
+
+def lower_bound_parts(model, input_shape, dtype=torch.float32):
+    """What must persist for backward of ``model``, one ``(kind, shape, nbytes)`` per tensor:
+    kind ``"feature_map"`` or ``"per_channel"``.
 
     Counted: the input (conv0's weight gradient reads it); the output of every ``nn.Conv2d``
     (the paper's "convolution feature maps": features, bottlenecks, transitions); the output
@@ -199,15 +213,21 @@ def lower_bound_bytes(model, input_shape, dtype=torch.float32):
     ``norm="bn"`` DenseNet of the architecture, or torchvision's.
     """
     itemsize = dtype.itemsize
-    total = [torch.Size(input_shape).numel() * itemsize]
+    parts = []
+
+    def feature_map(shape):
+        parts.append(("feature_map", tuple(shape), math.prod(shape) * itemsize))
 
     def count(module, inputs, output):
         if isinstance(module, (nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d)):
-            total.append(output.numel() * itemsize)
+            feature_map(output.shape)
         elif isinstance(module, nn.Linear):
-            total.append(inputs[0].numel() * itemsize)
+            feature_map(inputs[0].shape)
         elif isinstance(module, NORM_TYPES):  # torch's BNs and the ABN layers
-            total.append(2 * module.num_features * itemsize)
+            channels = module.num_features
+            parts.append(("per_channel", (2, channels), 2 * channels * itemsize))
+
+    feature_map(input_shape)
 
     model = model.to(device="meta", dtype=dtype).train()
     handles = [m.register_forward_hook(count) for m in model.modules()]
@@ -217,7 +237,53 @@ def lower_bound_bytes(model, input_shape, dtype=torch.float32):
     finally:
         for handle in handles:
             handle.remove()
-    return sum(total)
+    return parts
+
+
+def excess_over_lower_bound(saved, bound, shared_bytes):
+    """Where ``saved_bytes - lower_bound_bytes`` goes, field by field (bytes; they sum to it).
+
+    ``saved``: :func:`~experiments.measure.saved_tensors.saved_storage_records` of one forward;
+    ``bound``: :func:`lower_bound_parts` of the architecture; ``shared_bytes``: the shared
+    storages. A saved storage shaped like one of the bound's feature maps is matched to it
+    (each once); the others are the excess, by kind:
+
+    * ``excess_shared_storage_bytes``: the shared storages;
+    * ``excess_feature_map_bytes``: saved tensors of 3 or more dimensions the bound does not
+      count (concatenations, normalized copies), and any matched storage larger than its map;
+    * ``excess_per_channel_bytes``: saved tensors of 1 or 2 dimensions the bound does not
+      count (per-channel states), less the bound's two vectors per normalization channel;
+    * ``excess_not_saved_bytes`` (zero or negative): the bound's feature maps nothing saved
+      (recomputed from others, or not needed).
+
+    ``excess_tensors`` lists the unmatched saved tensors, grouped by shape (per-channel
+    tensors by their leading dimension, ``(6, C)``) and dtype, largest first.
+    """
+    unmatched = Counter(shape for kind, shape, _ in bound if kind == "feature_map")
+    map_bytes = {shape: nbytes for kind, shape, nbytes in bound if kind == "feature_map"}
+    fields = dict.fromkeys(("excess_shared_storage_bytes", "excess_feature_map_bytes",
+                            "excess_per_channel_bytes", "excess_not_saved_bytes"), 0)
+    fields["excess_shared_storage_bytes"] = shared_bytes
+    groups = {}
+    for nbytes, shape, dtype in saved:
+        if unmatched[shape] > 0:
+            unmatched[shape] -= 1
+            fields["excess_feature_map_bytes"] += nbytes - map_bytes[shape]
+            continue
+        per_channel = len(shape) <= 2
+        fields["excess_per_channel_bytes" if per_channel else "excess_feature_map_bytes"] += nbytes
+        label = str(shape[:1] + ("C",) if per_channel and len(shape) == 2 else
+                    ("C",) if per_channel else shape).replace("'", "")
+        group = groups.setdefault((label, str(dtype).removeprefix("torch.")), [0, 0])
+        group[0] += 1
+        group[1] += nbytes
+    fields["excess_per_channel_bytes"] -= sum(n for kind, _, n in bound if kind == "per_channel")
+    fields["excess_not_saved_bytes"] = -sum(map_bytes[shape] * count
+                                            for shape, count in unmatched.items())
+    fields["excess_tensors"] = [
+        {"shape": label, "dtype": dtype, "count": count, "bytes": nbytes}
+        for (label, dtype), (count, nbytes) in sorted(groups.items(), key=lambda g: -g[1][1])]
+    return fields
 
 
 def _reference_model(spec):
@@ -339,11 +405,14 @@ def measure(spec, input_shape, device="cpu", dtype=torch.float32, warmup=1, repe
     _set_threads(threads)
     step = TrainingStep(spec, input_shape, device, dtype)
     timing = time_callable(step, warmup, repeats, device, setup=step.zero_grad)
-    saved, saved_count = saved_tensor_bytes(step.model, step.x)
+    records = saved_storage_records(step.model, step.x)
+    saved = sum(nbytes for nbytes, _, _ in records)
     shared = (step.model.shared_storage_bytes()
               if isinstance(step.model, densenet.DenseNet) else 0)
     arch = architecture(spec, input_shape, dtype)
     lower_bound = arch["lower_bound_bytes"]
+    excess = excess_over_lower_bound(
+        records, lower_bound_parts(_reference_model(spec), input_shape, dtype), shared)
     peak_fields = {"peak_bytes": None, "peak_baseline_bytes": None, "peak_method": None}
     if peak:
         peak_fields = _cuda_peak(step) if device.type == "cuda" else _tracked_peak(step)
@@ -356,12 +425,13 @@ def measure(spec, input_shape, device="cpu", dtype=torch.float32, warmup=1, repe
         "param_count": arch["param_count"],
         "param_bytes": arch["param_bytes"],
         "saved_tensor_bytes": saved,
-        "saved_tensor_count": saved_count,
+        "saved_tensor_count": len(records),
         "shared_storage_bytes": shared,
         "saved_bytes": saved + shared,
         "lower_bound_bytes": lower_bound,
         "saved_over_lower_bound": (saved + shared) / lower_bound,
         "saved_tensor_over_lower_bound": saved / lower_bound,
+        **excess,
         **peak_fields,
         "time": timing,
         "environment": describe_environment(device),

@@ -15,6 +15,7 @@ FIGURE_FORMATS = ("png", "pdf")
 DPI = 200
 #: How the DenseNet figures (Figs. 4 and 5) name the implementations they compare.
 IMPLEMENTATION_LABELS = {"naive": "naive", "shared": "shared storage",
+                         "shared_inplace": "one shared storage + InPlace-ABN",
                          "checkpoint": "checkpoint", "torchvision": "torchvision (memory-efficient)"}
 
 
