@@ -95,6 +95,8 @@ def cluster_resources(section, gpus=GPU):
 
 #: experiment id -> {"points": [point names], "notebooks": [notebooks that plot it]}
 EXPERIMENTS = {}
+#: notebook -> the artifacts it plots, for the notebooks that plot no experiment's CSV
+NOTEBOOK_ARTIFACTS = {"bench_kernels": [paths.bench_kernels_json(RUN)]}
 
 
 def point_targets(experiment):
@@ -429,6 +431,7 @@ rule all:
     default_target: True
     input:
         paths.bench_kernels_json(RUN),
+        [t for nb in NOTEBOOK_ARTIFACTS for t in notebook_targets(nb)],
         [t for e in EXPERIMENTS for t in experiment_targets(e)],
         "figures/claims.md",
 
@@ -458,11 +461,13 @@ rule aggregate:
 
 
 def notebook_inputs(wildcards):
-    """The notebook, the CSVs of every experiment it plots, and the code it and the renderer
-    run (the project modules the notebook imports)."""
+    """The notebook, the CSVs of every experiment it plots (or its artifacts of
+    NOTEBOOK_ARTIFACTS), and the code it and the renderer run (the project modules the notebook
+    imports)."""
     notebook = FIGURES / f"{wildcards.notebook}.ipynb"
     read = [e for e, spec in EXPERIMENTS.items() if wildcards.notebook in spec["notebooks"]]
     return ([str(notebook)] + [paths.aggregate_csv(e, RUN) for e in read]
+            + NOTEBOOK_ARTIFACTS.get(wildcards.notebook, [])
             + code("experiments.report.render")
             + sources.notebook_sources(notebook, root=workflow.basedir))
 
@@ -476,7 +481,8 @@ rule render:
     log:
         paths.job_log("figures", RUN, "{notebook}"),
     wildcard_constraints:
-        notebook="|".join(nb for e in EXPERIMENTS.values() for nb in e["notebooks"]),
+        notebook="|".join([nb for e in EXPERIMENTS.values() for nb in e["notebooks"]]
+                          + list(NOTEBOOK_ARTIFACTS)),
     shell:
         "python -m experiments.report.render {input[0]} --run {RUN} --artifacts artifacts"
         " --out figures/{RUN} > {log} 2>&1"
@@ -486,6 +492,7 @@ rule claims:
     """The papers' claims beside every run's numbers (all runs under artifacts/)."""
     input:
         [paths.aggregate_csv(e, RUN) for e in EXPERIMENTS],
+        paths.bench_kernels_json(RUN),
         paper=[f"artifacts/paper/{name}" for name in ("memory_efficient_densenets.yaml",
                                                       "inplace_abn.yaml")],
         code=code("experiments.report.claims"),
@@ -498,8 +505,9 @@ rule claims:
 
 
 rule bench_kernels:
-    """InPlace-ABN kernels vs the PyTorch composite and vs a copy (the memory floor), one
-    file per run like every artifact."""
+    """InPlace-ABN kernels vs the PyTorch composite and vs a copy (the memory floor), every
+    shape of the profile, contenders interleaved; one file per run like every artifact (its
+    figure: notebook bench_kernels, its goals: the claims report)."""
     input:
         code=code("experiments.bench_kernels"),
     output:
@@ -510,11 +518,11 @@ rule bench_kernels:
     resources:
         **cluster_resources(config["bench_kernels"]),
     params:
-        shape=" ".join(str(s) for s in config["bench_kernels"]["shape"]),
+        shapes=" ".join(str(s) for shape in config["bench_kernels"]["shapes"] for s in shape),
         dtypes=" ".join(config["bench_kernels"]["dtypes"]),
         bench=config["bench_kernels"],
     shell:
-        "python -m experiments.bench_kernels --device {DEVICE} --run {RUN} --shape {params.shape}"
+        "python -m experiments.bench_kernels --device {DEVICE} --run {RUN} --shapes {params.shapes}"
         " --dtypes {params.dtypes} --threads {params.bench[threads]}"
         " --repeats {params.bench[repeats]} --warmup {params.bench[warmup]}"
         " --out {output} > {log} 2>&1"

@@ -1,30 +1,60 @@
-"""Micro-benchmark of the InPlace-ABN kernels against PyTorch's BN + leaky ReLU.
+"""Micro-benchmark of the InPlace-ABN kernels against PyTorch's BN + leaky ReLU and a copy.
 
-Run as ``python -m experiments.bench_kernels [--shape N C H W] [--dtypes DTYPE ...]
-[--threads T] [--repeats R] [--warmup W] [--device cpu|cuda] [--run RUN] [--out PATH]``.
+Run as ``python -m experiments.bench_kernels [--shapes N C H W [N C H W ...]]
+[--dtypes DTYPE ...] [--threads T] [--repeats R] [--warmup W] [--device cpu|cuda] [--run RUN]
+[--out PATH]``; the default shapes are the table's (:data:`SHAPES`).
 
-Measurements, one row per dtype of ``--dtypes`` (float32, float64, float16, bfloat16), each the
-median/min/max of ``--repeats`` timed runs after ``--warmup`` untimed ones; inputs are prepared
-outside the timed region. In a 16-bit row the data is 16-bit and the parameters and running
-statistics float32, as under ``torch.autocast``, for the layer and the composite alike:
+One row per shape of ``--shapes`` and dtype of ``--dtypes`` (float32, float64, float16,
+bfloat16). A row's contenders are timed interleaved
+(:func:`experiments.measure.timing.time_interleaved`: ``--warmup`` untimed rounds, then
+``--repeats`` timed ones, each round runs every contender once and the order rotates between
+rounds), so load that drifts on a noisy machine reaches them all alike; each gets the
+median/min/max of its runs. Inputs are prepared outside the timed region. In a 16-bit row the
+data is 16-bit and the parameters and running statistics float32, as under ``torch.autocast``,
+for the layer and the composite alike. The contenders (:class:`Contenders`):
 
 * ``inplace_abn_fwd_bwd_I`` / ``inplace_abn_fwd_bwd_II``: ``InPlaceABN`` (training mode,
-  leaky ReLU 0.01) forward + backward with a fixed incoming gradient. The input is a fresh
-  non-leaf ``base.clone()`` for every run, as an in-place layer needs;
+  leaky ReLU 0.01) forward + backward. The input is a fresh non-leaf ``base.clone()`` for every
+  run, as an in-place layer needs, and the incoming gradient a fresh copy of a fixed one that
+  the backward receives as in a network, from the next layer's backward, which holds it no
+  longer (:class:`HandOver`): the layer may then write its input gradient over it
+  (:func:`layers.functional.owned_gradient`);
 * ``composite_fwd_bwd``: ``F.batch_norm(training=True)`` + ``F.leaky_relu(0.01)`` forward +
   backward through autograd, on the same kind of input and gradient;
 * ``inplace_abn_fwd_I``: the ``InPlaceABN`` forward alone, under ``torch.no_grad()`` in
   training mode (batch statistics), on a buffer refilled from the source before every run;
-* ``copy``: ``dst.copy_(src)`` of one tensor of the same shape, the memory-traffic floor.
+* ``copy``: ``dst.copy_(src)`` of one tensor of the same shape (one read and one write), the
+  unit of memory traffic;
 
-Derived per row: ``speedup_vs_composite_I``/``_II`` (composite time / in-place time),
-``forward_over_copy`` (in-place forward time / copy time) and, under ``results.copy``, the
-copy's ``effective_bandwidth_GBps`` (2 * tensor bytes / time, one read and one write).
+and, in the same rounds, the kernel passes of the per-pass profile (:data:`PASSES`): the custom
+operators of :mod:`layers.ops` alone, on the canonical ``(N, C, H*W)`` views of tensors of the
+row's shape, as the layer calls them (the backward ones as variant II does).
 
-Writes one JSON file (atomically) with ``run``, ``config``, ``rows`` (``dtype``,
-``tensor_bytes``, ``results``, ``ratios`` each) and ``environment``. Like every artifact it
-belongs to a run, ``<profile>-<device>`` (:mod:`experiments.records.paths`): the pipeline passes
-its run, by hand it is ``manual-<device>``; default path ``artifacts/bench_kernels/<run>.json``.
+A row of the artifact: ``shape``, ``dtype``, ``tensor_bytes``;
+``results`` (contender -> ``median_s``, ``min_s``, ``max_s``, ``repeats``; the copy also
+``effective_bandwidth_GBps``, 2 * tensor bytes / median);
+``ratios``, from the medians:
+
+* ``speedup_vs_composite``: composite / ``InPlaceABN`` II forward + backward
+  (``speedup_vs_composite_I``: the same for variant I);
+* ``fwd_bwd_over_traffic_floor``: ``InPlaceABN`` II forward + backward / (3.5 x copy). The
+  floor, :data:`TRAFFIC_FLOOR_COPIES` copies of the tensor, is the memory traffic the pair
+  cannot avoid: the forward reads and writes the tensor once (1 copy); the backward reduces over
+  the output and the incoming gradient (1 copy), then reads both again and writes the outgoing
+  gradient (1.5 copies);
+* ``forward_over_copy``: ``InPlaceABN`` forward / copy;
+
+``goals`` (ratio -> ``value``, ``comparison`` (``>=`` or ``<=``), ``threshold``, ``met``): the
+speed goals of the row's shape (:data:`SHAPE_GOALS`); ``profile`` (pass -> ``operator``, its
+times as in ``results``, ``floor_copies`` (the traffic the pass cannot avoid, in copies),
+``over_copy`` (median / copy median) and ``over_floor`` (``over_copy`` / ``floor_copies``)).
+
+Writes one JSON file (atomically) with ``benchmark``, ``run``, ``config``, ``threads``,
+``machine`` (the device's name), ``rows`` and ``environment``
+(:func:`experiments.records.environment.describe_environment`). Like every artifact it belongs
+to a run, ``<profile>-<device>`` (:mod:`experiments.records.paths`): the pipeline passes its
+run, by hand it is ``manual-<device>``; default path ``artifacts/bench_kernels/<run>.json``.
+The notebook ``figures/bench_kernels.ipynb`` plots it, and the claims report lists its goals.
 """
 import argparse
 import sys
@@ -35,13 +65,14 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from layers import InPlaceABN
+from layers import InPlaceABN, ops
+from layers.kernels import common
 from layers.kernels.codecs import compute_dtype
 
 from .records import paths
 from .records.atomic import write_json_atomic
 from .records.environment import describe_environment
-from .measure.timing import time_callable
+from .measure.timing import time_interleaved
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "bfloat16": torch.bfloat16}
@@ -51,22 +82,72 @@ MOMENTUM = 0.1
 EPS = 1e-5
 SEED = 0
 
+#: ResNeXt-101's four stages at batch 32, and a small shape.
+STAGE_SHAPES = ((32, 256, 56, 56), (32, 512, 28, 28), (32, 1024, 14, 14), (32, 2048, 7, 7))
+SMALL_SHAPE = (8, 64, 28, 28)
+SHAPES = STAGE_SHAPES + (SMALL_SHAPE,)
+#: The goals per shape, ratio -> (comparison, threshold). At the first stage shape all three
+#: ratios have one; at the other stage shapes and the small one the speedup only (there the
+#: floor and copy ratios measure the fixed cost of a call more than memory traffic). Any other
+#: shape: :data:`DEFAULT_GOALS`, no slower than the composite.
+SHAPE_GOALS = {
+    STAGE_SHAPES[0]: {"speedup_vs_composite": (">=", 4.0),
+                      "fwd_bwd_over_traffic_floor": ("<=", 1.5),
+                      "forward_over_copy": ("<=", 1.1)},
+    **{shape: {"speedup_vs_composite": (">=", 2.0)} for shape in STAGE_SHAPES[1:]},
+    SMALL_SHAPE: {"speedup_vs_composite": (">=", 1.0)},
+}
+DEFAULT_GOALS = {"speedup_vs_composite": (">=", 1.0)}
+#: Copies of the tensor an in-place forward + backward must move at least (module docstring).
+TRAFFIC_FLOOR_COPIES = 3.5
+#: The passes of the per-pass profile: name -> (operator of :mod:`layers.ops`, the copies of
+#: the tensor it must move at least: reading one tensor is half a copy, writing one the other
+#: half). The layer's training forward is ``training_forward`` (statistics and output in one
+#: call); ``statistics`` and ``normalize_act`` are its two steps as separate passes.
+PASSES = {
+    "statistics": ("layers::moments", 0.5),
+    "normalize_act": ("layers::scale_shift_act_", 1.0),
+    "training_forward": ("layers::moments_normalize_act_", 1.0),
+    "backward_reduce": ("layers::backward_reduce", 1.0),
+    "backward_input": ("layers::backward_input", 1.5),
+    "backward_input_in_place": ("layers::backward_input_", 1.5),
+}
+
 
 # --------------------------------------------------------------------------- arguments
+def _shapes(parser, sizes):
+    """The ``--shapes`` sizes as a list of ``(N, C, H, W)`` tuples, checked."""
+    if len(sizes) % 4:
+        parser.error(f"--shapes {' '.join(map(str, sizes))}: expected groups of four sizes "
+                     f"N C H W, got {len(sizes)} numbers")
+    shapes = [tuple(sizes[i:i + 4]) for i in range(0, len(sizes), 4)]
+    for n, c, h, w in shapes:
+        if min(n, c, h, w) < 1:
+            parser.error(f"--shapes {n} {c} {h} {w}: every size must be >= 1")
+        if n * h * w < 2:
+            parser.error(f"--shapes {n} {c} {h} {w}: training-mode batch norm needs more than "
+                         "one value per channel (N * H * W >= 2)")
+    if len(set(shapes)) != len(shapes):
+        parser.error(f"--shapes {' '.join(map(str, sizes))}: each shape once")
+    return shapes
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m experiments.bench_kernels",
         description="Time InPlace-ABN forward/backward against BN + leaky ReLU and a copy.",
     )
-    parser.add_argument("--shape", type=int, nargs=4, metavar=("N", "C", "H", "W"),
-                        default=[32, 256, 56, 56], help="input shape (default: 32 256 56 56)")
+    parser.add_argument("--shapes", type=int, nargs="+", metavar="N C H W",
+                        default=[size for shape in SHAPES for size in shape],
+                        help="input shapes, four sizes each (default: "
+                             f"{', '.join(' '.join(map(str, s)) for s in SHAPES)})")
     parser.add_argument("--dtypes", choices=tuple(DTYPES), nargs="+", default=["float32"],
                         metavar="DTYPE",
                         help=f"one row per dtype, of {', '.join(DTYPES)} (default: float32)")
     parser.add_argument("--threads", type=int, default=2,
                         help="threads for torch and numba (default: 2)")
-    parser.add_argument("--repeats", type=int, default=10, help="timed runs (default: 10)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed runs first (default: 2)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed rounds (default: 10)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first (default: 2)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--run", default=None,
                         help="the run, <profile>-<device> (default: manual-<device>)")
@@ -74,12 +155,7 @@ def parse_args(argv=None):
                         help="JSON output (default: artifacts/bench_kernels/<run>.json)")
     args = parser.parse_args(argv)
 
-    n, c, h, w = args.shape
-    if min(args.shape) < 1:
-        parser.error(f"--shape {n} {c} {h} {w}: every size must be >= 1")
-    if n * h * w < 2:
-        parser.error(f"--shape {n} {c} {h} {w}: training-mode batch norm needs more than one "
-                     "value per channel (N * H * W >= 2)")
+    args.shapes = _shapes(parser, args.shapes)
     if args.threads < 1:
         parser.error(f"--threads {args.threads}: must be >= 1")
     if args.threads > numba.config.NUMBA_NUM_THREADS:
@@ -127,10 +203,26 @@ class CompositeBatchNormAct(torch.nn.Module):
         return F.leaky_relu(y, SLOPE)
 
 
+class HandOver(torch.autograd.Function):
+    """The identity, whose backward passes on the gradient in ``box`` (a one-element list,
+    emptied) instead of the one it receives. The layer before it then gets an incoming gradient
+    that nothing else holds, as from the next layer's backward in a network; a gradient passed
+    to ``out.backward(grad)`` stays the caller's and must not be overwritten."""
+
+    @staticmethod
+    def forward(ctx, x, box):
+        ctx.box = box
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.box.pop(), None
+
+
 class Contenders:
     """The timed operations on one input ``src`` and incoming gradient ``grad``, for
-    :func:`experiments.measure.timing.time_callable` and ``time_interleaved``: this benchmark
-    and the GPU self-check (:mod:`experiments.gpu_selfcheck.timing`) time the same ones.
+    :func:`experiments.measure.timing.time_interleaved`: this benchmark and the GPU self-check
+    (:mod:`experiments.gpu_selfcheck.timing`) time the same ones.
 
     ``abn`` holds ``InPlaceABN`` variants ``"I"`` and ``"II"`` (training mode, leaky ReLU),
     ``composite`` the :class:`CompositeBatchNormAct`. Parameters and running statistics are in
@@ -150,20 +242,27 @@ class Contenders:
         # in-place layer accepts (a leaf that requires grad is refused).
         self._base = src.clone().requires_grad_(True)
         self._buffer = torch.empty_like(src)
+        self._grad_buffer = torch.empty_like(grad)
         self._dst = torch.empty_like(src)
 
     def fresh_input(self, module):
-        """A setup: a new non-leaf copy of the input, gradients cleared."""
+        """A setup: gradients cleared; returns a new non-leaf copy of the input and a new copy
+        of the incoming gradient, in a box for :class:`HandOver`."""
         def setup():
             self._base.grad = None
             module.zero_grad(set_to_none=True)
-            return self._base.clone()
+            return self._base.clone(), [self.grad.clone()]
         return setup
 
+    def backward(self, out, box):
+        """The backward of ``out`` given the gradient in ``box``, handed over (:class:`HandOver`)."""
+        HandOver.apply(out, box).backward(self.grad)
+
     def fwd_bwd(self, module):
-        """A timed run: ``module``'s forward and backward with the incoming gradient."""
-        def run(x):
-            module(x).backward(self.grad)
+        """A timed run: ``module``'s forward and backward (on a :meth:`fresh_input`)."""
+        def run(inputs):
+            x, box = inputs
+            self.backward(module(x), box)
         return run
 
     def refill(self):
@@ -180,58 +279,124 @@ class Contenders:
         """``dst.copy_(src)``: one read and one write of the tensor, the memory floor."""
         self._dst.copy_(self.src)
 
+    def passes(self):
+        """``(fns, setups)`` of the :data:`PASSES`: each operator alone on the canonical
+        ``(N, C, H*W)`` views of the (contiguous) input (``z`` of the backward ones) and of the gradient;
+        the in-place ones on the buffer of :meth:`refill`. The per-channel vectors hold
+        neutral values (scale 1, shift 0): the passes' work does not depend on them."""
+        n, c = self.src.shape[:2]
 
-def _measurements(shape, dtype, device):
-    """``[(name, fn, setup)]`` for :func:`time_callable`, sharing the input tensors."""
+        def view(t):
+            return t.view(n, c, -1)
+
+        z, dz = view(self.src), view(self.grad)
+        act = common.ACT_LEAKY_RELU
+        ones = torch.ones(c, dtype=compute_dtype(self.src.dtype), device=self.src.device)
+        zeros = torch.zeros_like(ones)
+        gamma, beta = ones.double(), zeros.double()  # the fused forward's are float64
+        coef = torch.stack([ones, zeros, zeros])  # dx = dy * k0 + v * k1 + k2
+        fns = {
+            "statistics": lambda: ops.moments(z),
+            "normalize_act": lambda x: ops.scale_shift_act_(x, ones, zeros, act, SLOPE),
+            "training_forward": lambda x: ops.moments_normalize_act_(x, gamma, beta, EPS, act,
+                                                                     SLOPE),
+            "backward_reduce": lambda: ops.backward_reduce(z, dz, None, ones, zeros, act, SLOPE,
+                                                           common.MODE_Y),
+            "backward_input": lambda: ops.backward_input(z, dz, None, ones, zeros, coef, act,
+                                                         SLOPE, common.MODE_Y),
+            "backward_input_in_place": lambda g: ops.backward_input_(z, g, None, ones, zeros,
+                                                                     coef, act, SLOPE,
+                                                                     common.MODE_Y),
+        }
+        setups = {name: lambda: view(self.refill())
+                  for name in ("normalize_act", "training_forward")}
+        setups["backward_input_in_place"] = lambda: view(self._grad_buffer.copy_(self.grad))
+        return fns, setups
+
+
+def _timed(shape, dtype, device):
+    """``(fns, setups)`` for :func:`time_interleaved`: the contenders (module docstring) and
+    the :data:`PASSES`, on shared tensors of ``shape`` and ``dtype``."""
     generator = torch.Generator().manual_seed(SEED)
     src = torch.randn(shape, generator=generator).to(dtype).to(device)
     grad = torch.randn(shape, generator=generator).to(dtype).to(device)
     c = Contenders(src, grad)
-    return [
-        ("inplace_abn_fwd_bwd_I", c.fwd_bwd(c.abn["I"]), c.fresh_input(c.abn["I"])),
-        ("inplace_abn_fwd_bwd_II", c.fwd_bwd(c.abn["II"]), c.fresh_input(c.abn["II"])),
-        ("composite_fwd_bwd", c.fwd_bwd(c.composite), c.fresh_input(c.composite)),
-        ("inplace_abn_fwd_I", c.forward, c.refill),
-        ("copy", c.copy, None),
-    ]
+    fns = {"inplace_abn_fwd_bwd_I": c.fwd_bwd(c.abn["I"]),
+           "inplace_abn_fwd_bwd_II": c.fwd_bwd(c.abn["II"]),
+           "composite_fwd_bwd": c.fwd_bwd(c.composite),
+           "inplace_abn_fwd_I": c.forward,
+           "copy": c.copy}
+    setups = {"inplace_abn_fwd_bwd_I": c.fresh_input(c.abn["I"]),
+              "inplace_abn_fwd_bwd_II": c.fresh_input(c.abn["II"]),
+              "composite_fwd_bwd": c.fresh_input(c.composite),
+              "inplace_abn_fwd_I": c.refill}
+    pass_fns, pass_setups = c.passes()
+    return {**fns, **pass_fns}, {**setups, **pass_setups}
 
 
-def _ratios(results):
-    def ratio(numerator, denominator):
-        return results[numerator]["median_s"] / results[denominator]["median_s"]
-
+def ratios(results):
+    """The ratios of one row (module docstring) from the contenders' medians."""
+    median = {name: r["median_s"] for name, r in results.items()}
     return {
-        "speedup_vs_composite_I": ratio("composite_fwd_bwd", "inplace_abn_fwd_bwd_I"),
-        "speedup_vs_composite_II": ratio("composite_fwd_bwd", "inplace_abn_fwd_bwd_II"),
-        "forward_over_copy": ratio("inplace_abn_fwd_I", "copy"),
+        "speedup_vs_composite": median["composite_fwd_bwd"] / median["inplace_abn_fwd_bwd_II"],
+        "speedup_vs_composite_I": median["composite_fwd_bwd"] / median["inplace_abn_fwd_bwd_I"],
+        "fwd_bwd_over_traffic_floor": (median["inplace_abn_fwd_bwd_II"]
+                                       / (TRAFFIC_FLOOR_COPIES * median["copy"])),
+        "forward_over_copy": median["inplace_abn_fwd_I"] / median["copy"],
     }
 
 
-def _row(shape, dtype, device, args, bar):
-    """The measurements and ratios of one dtype."""
-    results = {}
-    for name, fn, setup in _measurements(shape, DTYPES[dtype], device):
-        bar.set_postfix_str(f"{dtype} {name}")
-        results[name] = time_callable(fn, args.warmup, args.repeats, device, setup=setup)
-        bar.update()
+def goals(shape, row_ratios):
+    """Each goal of a row of ``shape``: its ratio's value, comparison, threshold and whether
+    it is met."""
+    out = {}
+    for name, (comparison, threshold) in SHAPE_GOALS.get(tuple(shape), DEFAULT_GOALS).items():
+        value = row_ratios[name]
+        met = value >= threshold if comparison == ">=" else value <= threshold
+        out[name] = {"value": value, "comparison": comparison, "threshold": threshold,
+                     "met": met}
+    return out
+
+
+def profile(timed, copy_s):
+    """The per-pass profile: each pass of :data:`PASSES` with its times (``timed``) and its
+    median over the copy's ``copy_s``, per copy and per the copies it cannot avoid."""
+    out = {}
+    for name, (operator, floor_copies) in PASSES.items():
+        over_copy = timed[name]["median_s"] / copy_s
+        out[name] = {"operator": operator, **timed[name], "floor_copies": floor_copies,
+                     "over_copy": over_copy, "over_floor": over_copy / floor_copies}
+    return out
+
+
+def _row(shape, dtype, device, args):
+    """The measurements, ratios, goals and profile of one shape and dtype."""
+    fns, setups = _timed(shape, DTYPES[dtype], device)
+    timed = time_interleaved(fns, args.warmup, args.repeats, device, setups=setups)
+    results = {name: r for name, r in timed.items() if name not in PASSES}
     tensor_bytes = torch.Size(shape).numel() * DTYPES[dtype].itemsize
-    results["copy"]["effective_bandwidth_GBps"] = (2 * tensor_bytes
-                                                   / results["copy"]["median_s"] / 1e9)
-    return {"dtype": dtype, "tensor_bytes": tensor_bytes, "results": results,
-            "ratios": _ratios(results)}
+    copy_s = results["copy"]["median_s"]
+    results["copy"]["effective_bandwidth_GBps"] = 2 * tensor_bytes / copy_s / 1e9
+    row_ratios = ratios(results)
+    return {"shape": list(shape), "dtype": dtype, "tensor_bytes": tensor_bytes,
+            "results": results, "ratios": row_ratios, "goals": goals(shape, row_ratios),
+            "profile": profile(timed, copy_s)}
 
 
 def run_benchmark(args):
-    """Run every measurement of every dtype; return the JSON-serialisable report."""
+    """Run every measurement of every shape and dtype; return the JSON-serialisable report."""
     torch.set_num_threads(args.threads)  # the layers' numba loops follow torch's count
     torch.manual_seed(SEED)
-    shape, device = tuple(args.shape), torch.device(args.device)
-    total = len(args.dtypes) * len(_measurements((2, 1, 1, 1), torch.float32, "cpu"))
-    with tqdm(total=total, desc="bench_kernels", unit="measurement", file=sys.stderr) as bar:
-        rows = [_row(shape, dtype, device, args, bar) for dtype in args.dtypes]
+    device = torch.device(args.device)
+    points = [(shape, dtype) for shape in args.shapes for dtype in args.dtypes]
+    rows = []
+    for shape, dtype in tqdm(points, desc="bench_kernels", unit="row", file=sys.stderr):
+        rows.append(_row(shape, dtype, device, args))
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
     config = {
-        "shape": list(shape),
+        "shapes": [list(shape) for shape in args.shapes],
         "dtypes": list(args.dtypes),
         "threads": args.threads,
         "repeats": args.repeats,
@@ -243,33 +408,40 @@ def run_benchmark(args):
         "eps": EPS,
         "seed": SEED,
     }
+    environment = describe_environment(device)
     return {
         "benchmark": "bench_kernels",
         "run": args.run,
         "config": config,
+        "threads": args.threads,
+        "machine": environment["device_name"],
         "rows": rows,
-        "environment": describe_environment(device),
+        "environment": environment,
     }
 
 
 def format_summary(report):
-    """A short human-readable table of the report, one block per dtype."""
-    config, env = report["config"], report["environment"]
+    """A short human-readable table of the report, one block per shape and dtype."""
+    config = report["config"]
     lines = [
-        f"bench_kernels: shape {'x'.join(map(str, config['shape']))} on "
-        f"{config['device']} ({env['device_name']}), {config['threads']} threads, "
-        f"{config['repeats']} repeats after {config['warmup']} warm-up",
+        f"bench_kernels on {config['device']} ({report['machine']}), {report['threads']} "
+        f"threads, {config['repeats']} interleaved rounds after {config['warmup']} warm-up",
     ]
     for row in report["rows"]:
-        results = row["results"]
-        lines.append(f"{row['dtype']:<24}{'median ms':>12}{'min ms':>12}{'max ms':>12}")
-        for name, r in results.items():
-            lines.append(f"  {name:<22}{r['median_s'] * 1e3:>12.2f}{r['min_s'] * 1e3:>12.2f}"
-                         f"{r['max_s'] * 1e3:>12.2f}")
+        timings = {**row["results"], **row["profile"]}
+        lines.append(f"{'x'.join(map(str, row['shape']))} {row['dtype']:<14}"
+                     f"{'median ms':>12}{'min ms':>12}{'max ms':>12}")
+        for name, r in timings.items():
+            lines.append(f"  {name:<26}{r['median_s'] * 1e3:>12.3f}{r['min_s'] * 1e3:>12.3f}"
+                         f"{r['max_s'] * 1e3:>12.3f}")
         lines.append(f"  copy effective bandwidth: "
-                     f"{results['copy']['effective_bandwidth_GBps']:.2f} GB/s")
-        for name, value in row["ratios"].items():
-            lines.append(f"  {name:<22}{value:>12.3f}")
+                     f"{row['results']['copy']['effective_bandwidth_GBps']:.2f} GB/s")
+        for name, goal in row["goals"].items():
+            lines.append(f"  {name:<26}{goal['value']:>12.3f}  goal {goal['comparison']} "
+                         f"{goal['threshold']:g}: {'met' if goal['met'] else 'NOT met'}")
+        lines.append("  per pass, over copy: " + ", ".join(
+            f"{name} {p['over_copy']:.2f} (floor {p['floor_copies']:g})"
+            for name, p in row["profile"].items()))
     return "\n".join(lines)
 
 

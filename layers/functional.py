@@ -536,18 +536,24 @@ class BackwardSpec:
                    dtype)
 
 
-def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True, poison=None):
+def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True, poison=None,
+                                dz_owned=False):
     """Gradients ``(dx, dweight, dbias)`` of ``z = act(BN(x))`` given ``dz``.
 
     ``channel`` is the per-channel state returned by :func:`normalize_activate_into`; ``x`` is
     only read in ``MODE_XHAT_FROM_X`` (pass ``None`` otherwise: ``v`` is recovered from ``z``).
-    ``dx`` is a new tensor (``None`` unless ``input_grad``); ``dz`` is never written.
-    ``poison``: ``None`` or a ``(1,)`` bool device flag; where it is set every gradient is NaN
-    (a forward refused on the device left ``z`` unwritten), without a host synchronisation.
+    ``dx`` is ``None`` unless ``input_grad``. It is written over ``dz`` where the caller owns
+    ``dz`` (``dz_owned``: nothing reads it afterwards, see :func:`owned_gradient`) or ``dz``
+    had to be copied into the kernels' layout; else it is a new tensor and ``dz`` is never
+    written. Reusing ``dz`` saves allocating (and, on the CPU, page-faulting in) a tensor the
+    size of the input. ``poison``: ``None`` or a ``(1,)`` bool device flag; where it is set every
+    gradient is NaN (a forward refused on the device left ``z`` unwritten), without a host
+    synchronisation.
     """
     gamma, beta, dgamma_dweight, mean, rstd, _ = channel
     layout = _layout(z) or "ncs"
     z_view, dz_view = _view(z, layout), _view(dz, layout)
+    reuse_dz = dz_owned or not _is_in(dz, layout)  # owned, or a copy made here
     x_view = None if x is None else _view(x, layout)
     if spec.mode == common.MODE_XHAT_FROM_X:
         p, q = rstd, -mean * rstd
@@ -565,13 +571,38 @@ def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True, poison
         coef = _input_gradient_coefficients(channel, sums, spec.training, variant_y)
         if poison is not None:  # dx = dy * k0 + v * k1 + k2: NaN wherever the k are
             coef = torch.where(poison, math.nan, coef)
-        dx_view = ops.backward_input(z_view, dz_view, x_view, p, q, coef.to(compute), spec.act,
-                                     spec.slope, spec.mode)
+        args = (z_view, dz_view, x_view, p, q, coef.to(compute), spec.act, spec.slope,
+                spec.mode)
+        if reuse_dz:
+            ops.backward_input_(*args)
+            dx_view = dz_view
+        else:
+            dx_view = ops.backward_input(*args)
         dx = _unview(dx_view, layout, z.shape)
     dgamma = (local[1] - beta * local[0]) / gamma if variant_y else local[1]
     dweight = (dgamma * dgamma_dweight).to(spec.param_dtype) if spec.has_weight else None
     dbias = local[0].to(spec.param_dtype) if spec.has_bias else None
     return dx, dweight, dbias
+
+
+def owned_gradient(grad):
+    """Whether the incoming gradient ``grad`` of a backward is held by that backward alone, so
+    that its memory may take the outgoing gradient.
+
+    The autograd engine hands a backward the only reference to a gradient that the next
+    layer's backward created (a convolution's input gradient, say). It is not owned when
+    anything else may read it later: a gradient passed by the caller (``out.backward(grad)``),
+    one that an addition hands to several branches (the same tensor, referenced twice), a view
+    (a slice of ``torch.cat``'s gradient, whose base other slices share), or a graph being
+    built (``create_graph``) or compiled (where torch handles memory reuse itself).
+    """
+    if (torch.compiler.is_compiling() or grad.requires_grad or grad._base is not None
+            or not has_values(grad)):
+        return False
+    # One reference to the tensor (this backward's) and one to its storage: the tensor's
+    # (the storage object made to count them holds the other).
+    return (grad._use_count() == 1
+            and torch._C._storage_Use_Count(grad.untyped_storage()._cdata) == 2)
 
 
 # --------------------------------------------------------------------------- functions
@@ -592,7 +623,8 @@ class _ABN(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dz):
         x, z, channel = ctx.saved_tensors
-        grads = normalize_activate_backward(z, dz, x, channel, ctx.spec, ctx.needs_input_grad[0])
+        grads = normalize_activate_backward(z, dz, x, channel, ctx.spec, ctx.needs_input_grad[0],
+                                            dz_owned=owned_gradient(dz))
         return grads + (None,) * 9
 
 
@@ -620,7 +652,8 @@ class _InPlaceABN(torch.autograd.Function):
             poison = ctx.check.flag  # not known on the host yet: read after this backward
             _settle_after_backward(ctx.check)
         grads = normalize_activate_backward(z, dz, None, channel, ctx.spec,
-                                            ctx.needs_input_grad[0], poison)
+                                            ctx.needs_input_grad[0], poison,
+                                            dz_owned=owned_gradient(dz))
         return grads + (None,) * 11
 
 

@@ -143,6 +143,22 @@ def _(z, dz, x, p, q, coef, act, slope, mode):
     return torch.empty_like(z)
 
 
+@custom_op("layers::backward_input_", mutates_args=("dz",))
+def backward_input_(z: Tensor, dz: Tensor, x: Optional[Tensor], p: Tensor, q: Tensor,
+                    coef: Tensor, act: int, slope: float, v_mode: int) -> None:
+    """:func:`backward_input` written over ``dz``: every kernel reads an element of ``dz``
+    before it writes the gradient to the same element, so the incoming gradient's memory is
+    reused (for callers that own it: nothing else reads it afterwards). ``v_mode`` is
+    ``backward_input``'s ``mode`` (a mutating operator may not name an argument ``mode``:
+    torch's functionalization passes its own)."""
+    backend(z).backward_input(z, dz, z if x is None else x, p, q, coef, act, slope, v_mode, dz)
+
+
+@backward_input_.register_fake
+def _(z, dz, x, p, q, coef, act, slope, v_mode):
+    _channels(z)
+
+
 #: Every operator of this module, for tests and ``torch.library.opcheck``.
 OPERATORS = (moments, moments_normalize_act_, moments_normalize_act_out, scale_shift_act_,
-             scale_shift_act_out, backward_reduce, backward_input)
+             scale_shift_act_out, backward_reduce, backward_input, backward_input_)

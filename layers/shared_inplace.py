@@ -195,8 +195,10 @@ class _ChunkedNormActHead(torch.autograd.Function):
             head_grads.append(dhead)
             dx = dy
             if spec is not None and dy is not None:
+                # dy is this function's own (a convolution's new input gradient, or the
+                # kernels' copy of the pooling's broadcast one): dx is written over it.
                 dx, dweight, dbias = normalize_activate_backward(
-                    y, dy, None, channel, backward_spec, input_grad=feature_grad)
+                    y, dy, None, channel, backward_spec, input_grad=feature_grad, dz_owned=True)
                 weight_grads.append(dweight)
                 bias_grads.append(dbias)
             if feature_grad:

@@ -232,8 +232,8 @@ class _ConcatNormActConv(torch.autograd.Function):
         dnorm_weight = dnorm_bias = None
         dx = dy
         if channel is not None and dy is not None:
-            dx, dnorm_weight, dnorm_bias = normalize_activate_backward(
-                y, dy, x, channel, ctx.backward_spec, input_grad=feature_grad)
+            dx, dnorm_weight, dnorm_bias = normalize_activate_backward(  # dy is ours
+                y, dy, x, channel, ctx.backward_spec, input_grad=feature_grad, dz_owned=True)
         dfeatures = (dx.split([f.shape[1] for f in features], 1) if feature_grad
                      else (None,) * len(features))
         return (None, None, None, None, dconv, dnorm_weight if needs[5] else None,

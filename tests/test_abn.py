@@ -269,6 +269,106 @@ def test_sum_backward():
     torch.testing.assert_close(layer.weight.grad, expected[2], atol=1e-10, rtol=1e-8)
 
 
+# --------------------------------------------------------------------------- reused gradient
+def spy_in_place_backward(monkeypatch):
+    """The calls of the kernel that writes the outgoing gradient over the incoming one."""
+    calls = []
+    original = layers.ops.backward_input_
+
+    def counting(*args):
+        calls.append(args[1].data_ptr())
+        return original(*args)
+
+    monkeypatch.setattr(layers.ops, "backward_input_", counting)
+    return calls
+
+
+def conv_norm_graph(norm_kind, generator):
+    """``conv`` -> the norm (an ABN layer, or its composite twin) as float64 modules."""
+    conv = nn.Conv2d(3, 4, 3, padding=1).double()
+    with torch.no_grad():
+        conv.weight.copy_(torch.randn(conv.weight.shape, generator=generator))
+    if norm_kind == "composite":
+        layer = make_layer(layers.ABN, channels=4)
+        return conv, lambda t: composite(t, layer.weight, layer.bias, None, None, True, 0.1,
+                                         layer.eps, "leaky_relu", 0.01)
+    return conv, make_layer(getattr(layers, norm_kind), channels=4)
+
+
+@kernels
+@pytest.mark.parametrize("norm_kind", ["InPlaceABN", "ABN"])
+def test_outgoing_gradient_takes_the_incoming_ones_memory_when_nothing_else_reads_it(
+        monkeypatch, norm_kind):
+    """conv -> norm -> conv: the second convolution's backward hands the norm a gradient no one
+    else holds, which the norm's backward overwrites with its input gradient."""
+    x = torch.randn(2, 3, 5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    results = {}
+    for kind in (norm_kind, "composite"):
+        torch.manual_seed(5)  # the convolutions' biases
+        conv, norm = conv_norm_graph(kind, torch.Generator().manual_seed(5))
+        head = nn.Conv2d(4, 2, 1).double()
+        calls = spy_in_place_backward(monkeypatch)
+        head(norm(conv(x))).pow(2).sum().backward()
+        results[kind] = (conv.weight.grad, head.weight.grad, len(calls))
+    assert results[norm_kind][2] == 1 and results["composite"][2] == 0
+    for got, want in zip(results[norm_kind][:2], results["composite"][:2]):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@kernels
+def test_outgoing_gradient_path_passes_gradcheck():
+    generator = torch.Generator().manual_seed(6)
+    conv, norm = conv_norm_graph("InPlaceABN", generator)
+    head = nn.Conv2d(4, 2, 1).double()
+    x = torch.randn(2, 3, 4, 4, dtype=torch.float64, generator=generator, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: head(norm(conv(t))), (x,))
+
+
+@kernels
+@pytest.mark.parametrize("case", ["other_branch_pending", "caller_holds_it"])
+def test_incoming_gradient_still_needed_elsewhere_is_not_overwritten(monkeypatch, case):
+    """A gradient that an addition hands to the norm and to a branch whose backward has not run
+    yet (built before the norm, so it runs after it), or one the caller passes and keeps, is
+    read by someone else later: the norm must leave it alone."""
+    x = torch.randn(2, 3, 5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    results = {}
+    for kind in ("InPlaceABN", "composite"):
+        generator = torch.Generator().manual_seed(8)
+        torch.manual_seed(8)  # the convolutions' biases
+        other = nn.Conv2d(3, 4, 3, padding=1).double()
+        with torch.no_grad():
+            other.weight.copy_(torch.randn(other.weight.shape, generator=generator))
+        conv, norm = conv_norm_graph(kind, generator)
+        calls = spy_in_place_backward(monkeypatch)
+        branch = other(x)  # built first: its backward runs after the norm's
+        out = norm(conv(x))
+        if case == "other_branch_pending":
+            (out + branch).pow(2).sum().backward()
+            kept = None
+        else:
+            grad = torch.randn(out.shape, dtype=torch.float64, generator=generator)
+            kept = grad.clone()
+            out.backward(grad)
+            assert torch.equal(grad, kept), "backward wrote into the caller's gradient"
+        results[kind] = (conv.weight.grad, other.weight.grad, len(calls))
+    assert results["InPlaceABN"][2] == 0, "the in-place gradient path was taken"
+    for got, want in zip(results["InPlaceABN"][:2], results["composite"][:2]):
+        if want is not None:
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_owned_gradient_refuses_views_and_shared_tensors():
+    owned = layers.functional.owned_gradient
+    fresh = torch.randn(4, 5)
+    assert owned(fresh)
+    view = fresh[:2]  # a second tensor on the same storage: neither is owned
+    assert not owned(view) and not owned(fresh)
+    del view
+    assert owned(fresh)
+    assert not owned(torch.randn(3, requires_grad=True))
+    assert not owned(torch.randn(3, device="meta"))
+
+
 # --------------------------------------------------------------------------- numerics
 @kernels
 @pytest.mark.parametrize("variant", ["I", "II"])

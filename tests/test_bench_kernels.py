@@ -1,13 +1,15 @@
 """Tests of the kernel benchmark (``experiments.bench_kernels``) and its reusable helpers."""
 import json
-import time
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
+from experiments import bench_kernels
 from experiments.records.atomic import write_json_atomic
 from experiments.records.environment import describe_environment
 from experiments.measure.timing import time_callable
@@ -28,36 +30,42 @@ def _run_benchmark(*args):
 # --------------------------------------------------------------------------- end to end
 def test_bench_kernels_writes_a_complete_report(tmp_path):
     out = tmp_path / "b.json"
-    result = _run_benchmark("--shape", "2", "4", "8", "8", "--repeats", "2", "--warmup", "1",
-                            "--threads", "1", "--dtypes", "float32", "bfloat16", "--out", str(out))
+    shapes = [[2, 4, 8, 8], [2, 3, 4, 4]]
+    result = _run_benchmark("--shapes", *(str(s) for shape in shapes for s in shape),
+                            "--repeats", "2", "--warmup", "1", "--threads", "1",
+                            "--dtypes", "float32", "bfloat16", "--out", str(out))
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     assert [p.name for p in tmp_path.iterdir()] == ["b.json"]  # no temporary file left
 
     config = report["config"]
-    assert config["shape"] == [2, 4, 8, 8]
+    assert config["shapes"] == shapes
     assert (config["dtypes"], config["device"]) == (["float32", "bfloat16"], "cpu")
     assert (config["repeats"], config["warmup"], config["threads"]) == (2, 1, 1)
+    assert report["threads"] == 1
+    assert report["machine"] == report["environment"]["device_name"]
 
-    assert [row["dtype"] for row in report["rows"]] == ["float32", "bfloat16"]
-    assert [row["tensor_bytes"] for row in report["rows"]] == [2 * 4 * 8 * 8 * 4,
-                                                               2 * 4 * 8 * 8 * 2]
+    # One row per shape and dtype, shape by shape.
+    assert [(row["shape"], row["dtype"]) for row in report["rows"]] == [
+        (shape, dtype) for shape in shapes for dtype in ("float32", "bfloat16")]
+    assert [row["tensor_bytes"] for row in report["rows"]] == [
+        2 * 4 * 8 * 8 * 4, 2 * 4 * 8 * 8 * 2, 2 * 3 * 4 * 4 * 4, 2 * 3 * 4 * 4 * 2]
     for row in report["rows"]:
         results = row["results"]
-        assert set(results) == set(MEASUREMENTS)
-        for name in MEASUREMENTS:
-            r = results[name]
+        assert list(results) == list(MEASUREMENTS)
+        for name, r in {**results, **row["profile"]}.items():
             assert r["repeats"] == 2, name
             assert 0 < r["min_s"] <= r["median_s"] <= r["max_s"], name
         assert results["copy"]["effective_bandwidth_GBps"] > 0
-
-        ratios = row["ratios"]
-        assert set(ratios) == {"speedup_vs_composite_I", "speedup_vs_composite_II",
-                               "forward_over_copy"}
-        assert all(value > 0 for value in ratios.values())
-        expected = (results["composite_fwd_bwd"]["median_s"]
-                    / results["inplace_abn_fwd_bwd_I"]["median_s"])
-        assert ratios["speedup_vs_composite_I"] == pytest.approx(expected)
+        assert row["ratios"] == pytest.approx(bench_kernels.ratios(results))
+        assert set(row["goals"]) == {"speedup_vs_composite"}  # not a shape of the table
+        assert row["goals"] == bench_kernels.goals(row["shape"], row["ratios"])
+        copy = results["copy"]["median_s"]
+        assert list(row["profile"]) == list(bench_kernels.PASSES)
+        for name, p in row["profile"].items():
+            assert p["operator"] == bench_kernels.PASSES[name][0]
+            assert p["over_copy"] == pytest.approx(p["median_s"] / copy)
+            assert p["over_floor"] == pytest.approx(p["over_copy"] / p["floor_copies"])
 
     assert report["run"] == "manual-cpu"  # by hand; the pipeline passes its run
 
@@ -66,28 +74,133 @@ def test_bench_kernels_writes_a_complete_report(tmp_path):
     assert env["threads"]["torch"] == env["threads"]["numba"] == 1
     assert env["device"] == "cpu"
     assert env["git_commit"] is None or len(env["git_commit"]) == 40
-    assert "bfloat16" in result.stdout and "speedup_vs_composite_I" in result.stdout
+    assert "2x3x4x4 bfloat16" in result.stdout and "speedup_vs_composite" in result.stdout
+
+
+def test_every_round_times_every_contender_and_pass_in_a_rotating_order(monkeypatch):
+    """The contenders and passes of a row run interleaved: each round calls each once (after
+    its untimed setup), and the round's first one changes from round to round."""
+    calls = []
+    timed = bench_kernels._timed
+
+    def recording(shape, dtype, device):
+        fns, setups = timed(shape, dtype, device)
+
+        def record(name, fn):
+            def run(*args):
+                calls.append(name)
+                return fn(*args)
+            return run
+
+        return {name: record(name, fn) for name, fn in fns.items()}, setups
+
+    monkeypatch.setattr(bench_kernels, "_timed", recording)
+    args = bench_kernels.parse_args(["--shapes", "2", "3", "4", "4", "--repeats", "2",
+                                     "--warmup", "1"])
+    row = bench_kernels._row((2, 3, 4, 4), "float32", torch.device("cpu"), args)
+    names = [*MEASUREMENTS, *bench_kernels.PASSES]
+    rounds = [calls[i:i + len(names)] for i in range(0, len(calls), len(names))]
+    assert len(rounds) == 3  # warm-up + repeats
+    assert all(sorted(r) == sorted(names) for r in rounds)
+    assert len({r[0] for r in rounds}) == 3
+    assert all(r["repeats"] == 2 for r in {**row["results"], **row["profile"]}.values())
+
+
+def _results(**medians_ms):
+    return {name: {"median_s": ms / 1e3} for name, ms in medians_ms.items()}
+
+
+def test_ratios_come_from_the_medians():
+    results = _results(inplace_abn_fwd_bwd_I=5.0, inplace_abn_fwd_bwd_II=4.0,
+                       composite_fwd_bwd=20.0, inplace_abn_fwd_I=1.2, copy=1.0)
+    assert bench_kernels.ratios(results) == pytest.approx({
+        "speedup_vs_composite": 5.0, "speedup_vs_composite_I": 4.0,
+        "fwd_bwd_over_traffic_floor": 4.0 / 3.5, "forward_over_copy": 1.2})
+
+
+@pytest.mark.parametrize("shape, speedup_goal, traffic_goals", [
+    ((32, 256, 56, 56), 4.0, True), ((32, 512, 28, 28), 2.0, False),
+    ((32, 1024, 14, 14), 2.0, False), ((32, 2048, 7, 7), 2.0, False),
+    ((8, 64, 28, 28), 1.0, False), ((2, 3, 4, 4), 1.0, False)])
+def test_goals_thresholds_follow_the_shape(shape, speedup_goal, traffic_goals):
+    at = {"speedup_vs_composite": speedup_goal, "fwd_bwd_over_traffic_floor": 1.5,
+          "forward_over_copy": 1.1}
+    goals = bench_kernels.goals(shape, at)  # on the threshold: met
+    expected = {"speedup_vs_composite": (speedup_goal, True)}
+    if traffic_goals:  # the issue's table shape only
+        expected.update(fwd_bwd_over_traffic_floor=(1.5, True), forward_over_copy=(1.1, True))
+    assert {n: (g["threshold"], g["met"]) for n, g in goals.items()} == expected
+    worse = {"speedup_vs_composite": speedup_goal * 0.99, "fwd_bwd_over_traffic_floor": 1.51,
+             "forward_over_copy": 1.11}
+    assert not any(g["met"] for g in bench_kernels.goals(shape, worse).values())
+
+
+def test_fwd_bwd_hands_the_incoming_gradient_over_as_a_network_does(monkeypatch):
+    """The layer's backward gets a gradient no one else holds, and writes its own over it."""
+    from layers import ops
+
+    overwritten = []
+    original = ops.backward_input_
+
+    def spy(*args):
+        overwritten.append(args[1].shape)
+        return original(*args)
+
+    monkeypatch.setattr(ops, "backward_input_", spy)
+    src, grad = torch.randn(2, 3, 4, 4), torch.randn(2, 3, 4, 4)
+    c = bench_kernels.Contenders(src, grad)
+    for variant in ("I", "II"):
+        c.fwd_bwd(c.abn[variant])(c.fresh_input(c.abn[variant])())
+    assert len(overwritten) == 2
+    untouched = grad.clone()
+    c.fwd_bwd(c.composite)(c.fresh_input(c.composite)())
+    assert torch.equal(c.grad, untouched)  # the fixed gradient itself: only copies are handed
+
+
+def test_claims_report_lists_every_goal_of_every_run(tmp_path):
+    from experiments.report import claims
+
+    row = {"shape": [32, 256, 56, 56], "dtype": "bfloat16",
+           "goals": bench_kernels.goals((32, 256, 56, 56), {
+               "speedup_vs_composite": 4.5, "fwd_bwd_over_traffic_floor": 1.7,
+               "forward_over_copy": 1.05})}
+    write_json_atomic(tmp_path / "bench_kernels" / "smoke-cpu.json",
+                      {"machine": "a CPU", "threads": 2, "rows": [row]})
+    lines = claims.speed_goals(tmp_path)
+    assert "| smoke-cpu | a CPU | 2 | 32x256x56x56 | bfloat16 | `speedup_vs_composite` >= 4 | " \
+           "4.50 | **yes** |" in lines
+    assert any("`fwd_bwd_over_traffic_floor` <= 1.5 | 1.70 | **no**" in line for line in lines)
+    assert any("`forward_over_copy` <= 1.1 | 1.05 | **yes**" in line for line in lines)
+    assert "No kernel benchmark yet." in claims.speed_goals(tmp_path / "none")
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--shape", "2", "0", "8", "8"], "--shape"),
-    (["--shape", "1", "4", "1", "1"], "more than one value per channel"),
+    (["--shapes", "2", "0", "8", "8"], "--shapes 2 0 8 8: every size must be >= 1"),
+    (["--shapes", "1", "4", "1", "1"], "more than one value per channel"),
+    (["--shapes", "2", "4", "8", "8", "2", "4"], "--shapes 2 4 8 8 2 4: expected groups of four"),
+    (["--shapes", "2", "4", "8", "8", "2", "4", "8", "8"], "each shape once"),
     (["--repeats", "0"], "--repeats"),
+    (["--warmup", "-1"], "--warmup"),
     (["--threads", "0"], "--threads"),
-    (["--dtypes", "float32", "float32"], "each dtype once"),
+    (["--dtypes", "float32", "float32"], "--dtypes float32 float32: each dtype once"),
     (["--dtypes", "int8"], "--dtypes"),
 ])
-def test_bench_kernels_rejects_bad_arguments(tmp_path, args, message):
-    result = _run_benchmark(*args, "--out", str(tmp_path / "b.json"))
-    assert result.returncode == 2
-    assert message in result.stderr
-    assert not (tmp_path / "b.json").exists()
+def test_bench_kernels_rejects_bad_arguments(args, message, capsys):
+    with pytest.raises(SystemExit) as error:
+        bench_kernels.parse_args(args)
+    assert error.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bench_kernels_default_shapes_are_the_tables():
+    args = bench_kernels.parse_args([])
+    assert args.shapes == [(32, 256, 56, 56), (32, 512, 28, 28), (32, 1024, 14, 14),
+                           (32, 2048, 7, 7), (8, 64, 28, 28)]
 
 
 def test_bench_kernels_artifact_is_named_by_its_run():
     """Like every artifact, one file per run (<profile>-<device>): two profiles on one device
     do not share a benchmark (experiments/records/paths.py)."""
-    from experiments import bench_kernels
     from experiments.records import paths
 
     args = bench_kernels.parse_args(["--run", "paper-cpu"])
@@ -98,21 +211,19 @@ def test_bench_kernels_artifact_is_named_by_its_run():
 
 @pytest.mark.parametrize("run", ["smoke-cuda", "smoke", "Smoke-cpu", "smoke_cpu"])
 def test_bench_kernels_rejects_a_run_of_another_device(run, capsys):
-    from experiments import bench_kernels
-
     with pytest.raises(SystemExit) as error:
         bench_kernels.parse_args(["--run", run, "--device", "cpu"])
     assert error.value.code == 2
     assert f"--run {run}: must be <profile>-cpu" in capsys.readouterr().err
 
 
-def test_bench_kernels_names_device_when_cuda_is_missing(tmp_path):
-    import torch
+def test_bench_kernels_names_device_when_cuda_is_missing(capsys):
     if torch.cuda.is_available():
         pytest.skip("a GPU is available")
-    result = _run_benchmark("--device", "cuda", "--out", str(tmp_path / "b.json"))
-    assert result.returncode == 2
-    assert "--device" in result.stderr and "cuda" in result.stderr
+    with pytest.raises(SystemExit):
+        bench_kernels.parse_args(["--device", "cuda"])
+    err = capsys.readouterr().err
+    assert "--device" in err and "cuda" in err
 
 
 # --------------------------------------------------------------------------- write_json_atomic

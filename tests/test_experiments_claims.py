@@ -410,3 +410,25 @@ def test_naive_depth_limit_on_a_gpu_uses_real_allocation(artifacts):
     [(_, _, outcome)] = claims.evaluate(claim, artifacts)
     assert outcome.verdict == claims.REPRODUCED
     assert outcome.measured == "naive: deepest that fitted 160 layers; out of memory from 220 layers"
+
+
+def test_memory_goal_states_the_ratio_at_each_depth_beside_the_two_storage_method(artifacts):
+    ratios = {"shared_inplace": lambda d: 0.1 * d * (1.2 if d == 160 else 1.1),
+              "shared": lambda d: 0.1 * d * 1.3}
+    frame = fig4_frame("cpu", ratios)
+    frame.loc[frame["impl"] == "shared_inplace", "excess_shared_storage_bytes"] = 1.5 * MIB
+    frame.loc[frame["impl"] == "shared_inplace", "excess_per_channel_bytes"] = 0.25 * MIB
+    write(artifacts, "densenet_fig4_memory", "smoke-cpu", frame)
+    lines = claims.memory_goal(artifacts)
+    rows = [line for line in lines if line.startswith("| smoke-cpu")]
+    assert len(rows) == len(DEPTHS)
+    assert rows[0] == ("| smoke-cpu | a device | 40 | 1.100 | 1.300 | storage 1.50 + "
+                       "per-channel states 0.25 MiB | <= 1.15 | **yes** |")
+    assert rows[-1].startswith("| smoke-cpu | a device | 160 | 1.200 | 1.300 |")
+    assert rows[-1].endswith("| **no** |")
+    assert "## DenseNet memory goal" in claims.report(artifacts)
+
+
+def test_memory_goal_without_the_one_storage_points(artifacts):
+    write(artifacts, "densenet_fig4_memory", "smoke-cpu", fig4_frame("cpu", PAPER_LIKE))
+    assert claims.memory_goal(artifacts)[-1] == "No `shared_inplace` point yet."

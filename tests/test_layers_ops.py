@@ -139,6 +139,7 @@ def op_samples():
                              (common.MODE_XHAT_FROM_X, x)):
             yield ops.backward_reduce, (z, dz, source, p, q, act, slope, mode)
             yield ops.backward_input, (z, dz, source, p, q, coef, act, slope, mode)
+            yield ops.backward_input_, (z, dz.clone(), source, p, q, coef, act, slope, mode)
 
 
 @pytest.mark.parametrize("op,args", list(op_samples()),

@@ -47,6 +47,12 @@ TINY_POINTS = {
        for norm in ("bn", "iabn")},
 }
 
+#: The notebook of the kernel benchmark (its artifact is a JSON file, not points) and the
+#: arguments of a tiny benchmark.
+BENCH_NOTEBOOK = "bench_kernels"
+TINY_BENCH = ["--shapes", "2", "4", "4", "4", "2", "8", "4", "4", "--dtypes", "float32",
+              "bfloat16", "--threads", "1", "--warmup", "0", "--repeats", "1", "--run", RUN]
+
 NOTEBOOKS = sorted(p.stem for p in (ROOT / "figures").glob("*.ipynb"))
 
 
@@ -107,14 +113,18 @@ def _command(experiment, name, args, root, data):
 @pytest.fixture(scope="module")
 def artifact_set(tmp_path_factory):
     """Tiny real points of every experiment (measured in parallel, the training ones on
-    generated data sets), aggregated per run, and the papers' numbers the notebooks show."""
+    generated data sets), aggregated per run, a tiny kernel benchmark, and the papers' numbers
+    the notebooks show."""
     root = tmp_path_factory.mktemp("artifacts")
     data = tmp_path_factory.mktemp("data")
     generate_cifar(data / "cifar10", "cifar10", train_per_class=4, test_per_class=2)
     generate_imagenet(data / "imagenet", classes=4, train_per_class=4, val_per_class=2)
     generate_cityscapes(data / "cityscapes", train_images=4, val_images=2, size=(64, 32))
     shutil.copytree(ROOT / "artifacts" / "paper", root / "paper")
-    jobs = []
+    jobs = [subprocess.Popen(
+        [sys.executable, "-m", "experiments.bench_kernels", *TINY_BENCH,
+         "--out", paths.bench_kernels_json(RUN, root)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)]
     for experiment, points in {**TINY_POINTS, **TINY_TRAINING}.items():
         for name, args in points.items():
             jobs.append(subprocess.Popen(
@@ -132,7 +142,8 @@ def artifact_set(tmp_path_factory):
 
 def test_every_notebook_has_a_small_artifact_set():
     assert NOTEBOOKS, "no notebooks in figures/"
-    assert set(NOTEBOOKS) <= {*TINY_POINTS, *TINY_TRAINING}, "add tiny points for the notebook"
+    assert set(NOTEBOOKS) <= {*TINY_POINTS, *TINY_TRAINING, BENCH_NOTEBOOK}, \
+        "add tiny points for the notebook"
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS)
@@ -150,11 +161,15 @@ def test_notebook_renders_figure_and_table(artifact_set, tmp_path, notebook):
     assert "\\begin{tabular}" in (out / f"{notebook}.tex").read_text()
 
 
-def test_a_notebook_without_artifacts_fails_with_the_missing_file(tmp_path, capsys):
-    status = render.main([str(ROOT / "figures" / f"{NOTEBOOKS[0]}.ipynb"), "--run", "none-cpu",
+@pytest.mark.parametrize("notebook, missing", [
+    ("densenet_fig2_contiguous", "densenet_fig2_contiguous.none-cpu.csv"),
+    (BENCH_NOTEBOOK, "bench_kernels/none-cpu.json")])
+def test_a_notebook_without_artifacts_fails_with_the_missing_file(tmp_path, capsys, notebook,
+                                                                   missing):
+    status = render.main([str(ROOT / "figures" / f"{notebook}.ipynb"), "--run", "none-cpu",
                           "--artifacts", str(tmp_path), "--out", str(tmp_path / "out")])
     assert status == 1
-    assert f"{NOTEBOOKS[0]}.none-cpu.csv does not exist" in capsys.readouterr().err
+    assert f"{missing} does not exist" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 

@@ -18,7 +18,9 @@ order; ``torch.cuda.Event`` on a GPU), inputs prepared outside the timed region:
   (:class:`experiments.bench_kernels.CompositeBatchNormAct`) through autograd.
 
 The operations are those of ``experiments/bench_kernels.py`` (its :class:`Contenders`: leaky
-ReLU 0.01, momentum 0.1, eps 1e-5; 16-bit data with float32 parameters and statistics).
+ReLU 0.01, momentum 0.1, eps 1e-5; 16-bit data with float32 parameters and statistics; the
+incoming gradient handed over as from a next layer, so the layers may write their input
+gradient over it).
 """
 import torch
 
@@ -56,11 +58,12 @@ def contenders(shape, dtype, layout, device):
 
     def forward_output(module):
         def setup():
-            return module(c.fresh_input(module)())
+            x, box = c.fresh_input(module)()
+            return module(x), box
         return setup
 
-    def backward(out):
-        out.backward(c.grad)
+    def backward(inputs):
+        c.backward(*inputs)
 
     fns = {
         "copy": c.copy,

@@ -22,6 +22,11 @@ Adding an experiment's claims: add the entries to the paper's YAML and one evalu
 here (the training experiments': in :mod:`.training_claims`, InPlace-ABN Table 2's in
 :mod:`.segmentation_claims`), registered with
 :func:`.verdicts.evaluates`. A claim whose experiment has results but no evaluator is an error, not a silent gap.
+
+Two last sections hold this project's own goals, not the papers' claims: the memory of the
+one-storage DenseNet (:func:`memory_goal`, per run and depth from the Fig. 4 CSVs) and the
+kernel benchmark's speed goals (:func:`speed_goals`, per run, shape and dtype, as read from
+each run's ``artifacts/bench_kernels/<run>.json``).
 """
 import argparse
 from pathlib import Path
@@ -29,7 +34,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from . import analysis, segmentation_claims, training_claims  # noqa: F401  (register evaluators)
+from . import analysis, bench_kernels
+from . import segmentation_claims, training_claims  # noqa: F401  (register evaluators)
 from .verdicts import (EVALUATORS, NOT_IMPLEMENTED, NOT_MEASURABLE, NOT_MEASURED, NOT_REPRODUCED,
                        NOT_RUN, REPRODUCED, Outcome, evaluates, verdict)
 from ..records import paths
@@ -533,6 +539,80 @@ def _escape(text):
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+#: The project's goal for ``impl="shared_inplace"``: saved bytes at most this many times the
+#: lower bound, at every depth.
+SHARED_INPLACE_GOAL = 1.15
+#: ``densenet_fig4_memory``'s ``excess_*`` columns, as the memory goal names them.
+EXCESS_PARTS = {"excess_shared_storage_bytes": "storage",
+                "excess_per_channel_bytes": "per-channel states",
+                "excess_feature_map_bytes": "feature maps",
+                "excess_not_saved_bytes": "bound maps not saved"}
+
+
+def _excess(row):
+    """``"storage 1.5 + per-channel states 0.1 MiB"``: the nonzero parts of a point's excess."""
+    parts = [f"{name} {row[column] / analysis.MIB:.2f}" for column, name in EXCESS_PARTS.items()
+             if column in row and pd.notna(row[column]) and row[column]]
+    return " + ".join(parts) + " MiB" if parts else "-"
+
+
+def memory_goal(artifacts):
+    """The one-storage DenseNet's saved bytes over the lower bound per run and depth, beside
+    the paper's two-storage method's, as Markdown lines (the project's goal, not a paper's)."""
+    lines = ["", "## DenseNet memory goal: one shared storage with InPlace-ABN", "",
+             "From `artifacts/densenet_fig4_memory.<run>.csv` (`snakemake --cores 2 "
+             "densenet_fig4_memory`): the bytes autograd keeps for backward plus the shared "
+             "storages, over the lower bound (convolution and pooling outputs, two vectors per "
+             "normalization channel), for `impl='shared_inplace'` (`norm='iabn'`: one "
+             "storage, in place) beside the paper's two-storage `shared` (`nn.BatchNorm2d`), "
+             "on the same architecture. This project's goal, not a paper's: at most "
+             f"{SHARED_INPLACE_GOAL:g}x at every depth. The excess is the point's "
+             "`excess_*` fields."]
+    header = ["run", "device", "depth", "shared_inplace", "shared (paper)", "excess of "
+              "shared_inplace", "goal", "met"]
+    rows = []
+    for run in paths.runs_of("densenet_fig4_memory", artifacts):
+        frame = analysis.measured_points(
+            pd.read_csv(paths.aggregate_csv("densenet_fig4_memory", run, artifacts)))
+        points = frame[(frame["impl"] == "shared_inplace") & (frame["status"] == analysis.FITS)]
+        paper = frame[(frame["impl"] == "shared") & (frame["status"] == analysis.FITS)]
+        paper = (paper["saved_bytes"] / paper["lower_bound_bytes"]).set_axis(paper["depth"])
+        for _, point in points.sort_values("depth").iterrows():
+            ratio = point["saved_bytes"] / point["lower_bound_bytes"]
+            theirs = paper.get(point["depth"])
+            rows.append([run, point["env_device_name"], int(point["depth"]), f"{ratio:.3f}",
+                         "-" if theirs is None else f"{theirs:.3f}", _excess(point),
+                         f"<= {SHARED_INPLACE_GOAL:g}",
+                         "**yes**" if ratio <= SHARED_INPLACE_GOAL else "**no**"])
+    if not rows:
+        return lines + ["", "No `shared_inplace` point yet."]
+    lines += ["", "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(_escape(c) for c in cells) + " |" for cells in rows]
+
+
+def speed_goals(artifacts):
+    """The kernel benchmark's speed goals (not the papers' claims: the project's own, see
+    experiments/bench_kernels.py) per run, shape and dtype, as Markdown lines."""
+    lines = ["", "## Kernel speed goals", "",
+             "From `artifacts/bench_kernels/<run>.json` (`snakemake --cores 2 bench_kernels`; "
+             "its figure: `figures/<run>/bench_kernels.png`): InPlace-ABN II forward + backward "
+             "against `F.batch_norm` + `F.leaky_relu` and against 3.5 copies of the tensor, the "
+             "forward against one copy, every contender timed interleaved in one process."]
+    found = bench_kernels.runs(artifacts)
+    if not found:
+        return lines + ["", "No kernel benchmark yet."]
+    header = ["run", "machine", "threads", "shape", "dtype", "goal", "measured", "met"]
+    lines += ["", "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for run in found:
+        report = bench_kernels.load(run, artifacts)
+        for goal in bench_kernels.goals(report).itertuples(index=False):
+            cells = [run, report["machine"], report["threads"], goal.shape, goal.dtype,
+                     f"`{goal.goal}` {goal.comparison} {goal.threshold:g}", f"{goal.value:.2f}",
+                     "**yes**" if goal.met else "**no**"]
+            lines.append("| " + " | ".join(_escape(c) for c in cells) + " |")
+    return lines
+
+
 def report(artifacts):
     """The claims report for every run under ``artifacts``, as Markdown."""
     claims = load_claims(artifacts)
@@ -557,6 +637,7 @@ def report(artifacts):
                          device_name, outcome.measured, f"**{outcome.verdict}**",
                          outcome.reason]
                 lines.append("| " + " | ".join(_escape(c) for c in cells) + " |")
+    lines += memory_goal(artifacts) + speed_goals(artifacts)
     return "\n".join(lines) + "\n"
 
 

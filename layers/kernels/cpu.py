@@ -361,20 +361,22 @@ def _backward_reduce_mc(z, dz, x, p, q, act, slope, floor, mode, chunks):
 @_parallel
 def _backward_input_ncs(z, dz, x, p, q, coef, act, slope, floor, mode, out):
     n, c, _ = z.shape
+    dst = _target(out, dz)
     for row in numba.prange(n * c):
         i, j = row // c, row % c
         _specialized(_input_row, act, mode,
                      (z[i, j], dz[i, j], x[i, j], p[j], q[j], coef[0, j], coef[1, j],
-                      coef[2, j], slope, floor, out[i, j]))
+                      coef[2, j], slope, floor, dst[i, j]))
 
 
 @_parallel
 def _backward_input_mc(z, dz, x, p, q, coef, act, slope, floor, mode, out, chunks):
     m = z.shape[0]
+    dst = _target(out, dz)
     for blk in numba.prange(chunks):
         start, stop = blk * m // chunks, (blk + 1) * m // chunks
         _specialized(_input_rows, act, mode,
-                     (z, dz, x, start, stop, p, q, coef, slope, floor, out))
+                     (z, dz, x, start, stop, p, q, coef, slope, floor, dst))
 
 
 # --------------------------------------------------------------------------- API
@@ -501,13 +503,15 @@ def backward_reduce(z, dz, x, p, q, act, slope, mode):
 
 
 def backward_input(z, dz, x, p, q, coef, act, slope, mode, out):
-    """``out = dy * coef[0] + v * coef[1] + coef[2]`` per channel."""
+    """``out = dy * coef[0] + v * coef[1] + coef[2]`` per channel; ``out`` may be ``dz`` (an
+    element of ``dz`` is read before the same element of ``out`` is written; the kernel then
+    writes ``dz`` itself, see ``_target``)."""
     if _empty(z):
         return
     _follow_torch_threads()
     za = _np(z)
     args = (za, _np(dz), _np(x), _np(p), _np(q), _np(coef), act, _scalar(slope, za),
-            _elu_floor(z), mode, _np(out))
+            _elu_floor(z), mode, _output(out, dz))
     if z.dim() == 3:
         _backward_input_ncs(*args)
     else:

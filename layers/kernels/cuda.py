@@ -526,7 +526,8 @@ def backward_reduce(z, dz, x, p, q, act, slope, mode):
 
 
 def backward_input(z, dz, x, p, q, coef, act, slope, mode, out):
-    """``out = dy * coef[0, c] + v * coef[1, c] + coef[2, c]``; ``out`` is a separate tensor."""
+    """``out = dy * coef[0, c] + v * coef[1, c] + coef[2, c]``; ``out`` may be ``dz`` (each
+    thread reads an element of ``dz`` before it writes the same element of ``out``)."""
     if z.numel() == 0:
         return
     grid, block, span = _geometry(tuple(z.shape))

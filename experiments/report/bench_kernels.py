@@ -1,0 +1,71 @@
+"""The kernel benchmark's artifacts (``artifacts/bench_kernels/<run>.json``, written by
+:mod:`experiments.bench_kernels`) as tables, for its notebook (``figures/bench_kernels.ipynb``)
+and the claims report (pure pandas, no torch).
+"""
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from ..records import paths
+
+MS = 1e3
+#: The contenders the table shows, and their columns.
+TIMES = {"inplace_abn_fwd_bwd_II": "InPlace-ABN II fwd+bwd (ms)",
+         "composite_fwd_bwd": "BN + leaky ReLU fwd+bwd (ms)",
+         "inplace_abn_fwd_I": "InPlace-ABN fwd (ms)", "copy": "copy (ms)"}
+
+
+def runs(root):
+    """The runs with a benchmark artifact under ``root``, sorted by name."""
+    return sorted(p.stem for p in Path(paths.bench_kernels_json("_", root)).parent.glob("*.json"))
+
+
+def load(run, root):
+    """The benchmark artifact of ``run`` under ``root`` (a dict)."""
+    path = Path(paths.bench_kernels_json(run, root))
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} does not exist: run `snakemake --cores 2 bench_kernels`"
+                                " for this profile first, or set ARTIFACTS_RUN") from None
+
+
+def load_current():
+    """``(report, run)`` for a notebook: the artifact of ``$ARTIFACTS_RUN``, else of the run
+    whose benchmark was written last, under :func:`experiments.records.paths.artifacts_dir`."""
+    root = paths.artifacts_dir()
+    run = os.environ.get("ARTIFACTS_RUN") or max(
+        runs(root), key=lambda r: Path(paths.bench_kernels_json(r, root)).stat().st_mtime,
+        default="none")
+    return load(run, root), run
+
+
+def _shape(row):
+    return "x".join(map(str, row["shape"]))
+
+
+def goals(report):
+    """One row per shape, dtype and goal, in the artifact's order: ``shape`` (``"NxCxHxW"``),
+    ``dtype``, ``goal`` (the ratio's name), ``value``, ``comparison``, ``threshold``, ``met``."""
+    return pd.DataFrame([{"shape": _shape(row), "dtype": row["dtype"], "goal": name, **goal}
+                         for row in report["rows"] for name, goal in row["goals"].items()])
+
+
+def table(report):
+    """One row per shape and dtype: the medians of :data:`TIMES` (ms), the ratios, how many
+    of the shape's goals are met, and every pass of the profile over the copy."""
+    records = []
+    for row in report["rows"]:
+        record = {"shape": _shape(row), "dtype": row["dtype"]}
+        record.update({column: row["results"][name]["median_s"] * MS
+                       for name, column in TIMES.items()})
+        record.update(row["ratios"])
+        record["goals met"] = f"{sum(g['met'] for g in row['goals'].values())}/{len(row['goals'])}"
+        record.update({f"{name} / copy": p["over_copy"] for name, p in row["profile"].items()})
+        records.append(record)
+    return pd.DataFrame(records)
+
+
+__all__ = ["goals", "load", "load_current", "runs", "table"]
