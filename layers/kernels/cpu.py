@@ -359,24 +359,25 @@ def _backward_reduce_mc(z, dz, x, p, q, act, slope, floor, mode, chunks):
 
 
 @_parallel
-def _backward_input_ncs(z, dz, x, p, q, coef, act, slope, floor, mode, out):
+def _backward_input_ncs(z, dz, x, p, q, coef, act, slope, floor, mode):
+    """In place over ``dz``: the row read and written is one value, which LLVM vectorises."""
     n, c, _ = z.shape
-    dst = _target(out, dz)
     for row in numba.prange(n * c):
         i, j = row // c, row % c
+        grad = dz[i, j]
         _specialized(_input_row, act, mode,
-                     (z[i, j], dz[i, j], x[i, j], p[j], q[j], coef[0, j], coef[1, j],
-                      coef[2, j], slope, floor, dst[i, j]))
+                     (z[i, j], grad, x[i, j], p[j], q[j], coef[0, j], coef[1, j],
+                      coef[2, j], slope, floor, grad))
 
 
 @_parallel
-def _backward_input_mc(z, dz, x, p, q, coef, act, slope, floor, mode, out, chunks):
+def _backward_input_mc(z, dz, x, p, q, coef, act, slope, floor, mode, chunks):
+    """In place over ``dz``, as :func:`_backward_input_ncs`."""
     m = z.shape[0]
-    dst = _target(out, dz)
     for blk in numba.prange(chunks):
         start, stop = blk * m // chunks, (blk + 1) * m // chunks
         _specialized(_input_rows, act, mode,
-                     (z, dz, x, start, stop, p, q, coef, slope, floor, dst))
+                     (z, dz, x, start, stop, p, q, coef, slope, floor, dz))
 
 
 # --------------------------------------------------------------------------- API
@@ -503,15 +504,21 @@ def backward_reduce(z, dz, x, p, q, act, slope, mode):
 
 
 def backward_input(z, dz, x, p, q, coef, act, slope, mode, out):
-    """``out = dy * coef[0] + v * coef[1] + coef[2]`` per channel; ``out`` may be ``dz`` (an
-    element of ``dz`` is read before the same element of ``out`` is written; the kernel then
-    writes ``dz`` itself, see ``_target``)."""
+    """``out = dy * coef[0] + v * coef[1] + coef[2]`` per channel; ``out`` may be ``dz``.
+
+    The kernel runs in place over the incoming gradient (each element read, then overwritten);
+    into another ``out`` it runs on a copy of ``dz`` made there first. One compiled kernel per
+    dtype and layout instead of two, for one extra pass on the rarer call: the layers write over
+    the incoming gradient whenever nothing else holds it (``functional.owned_gradient``).
+    """
     if _empty(z):
         return
+    if not _in_place(out, dz):
+        out.copy_(dz)
     _follow_torch_threads()
     za = _np(z)
-    args = (za, _np(dz), _np(x), _np(p), _np(q), _np(coef), act, _scalar(slope, za),
-            _elu_floor(z), mode, _output(out, dz))
+    args = (za, _np(out), _np(x), _np(p), _np(q), _np(coef), act, _scalar(slope, za),
+            _elu_floor(z), mode)
     if z.dim() == 3:
         _backward_input_ncs(*args)
     else:
