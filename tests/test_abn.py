@@ -315,8 +315,7 @@ def test_outgoing_gradient_takes_the_incoming_ones_memory_when_nothing_else_read
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
-@kernels
-def test_outgoing_gradient_path_passes_gradcheck():
+def test_outgoing_gradient_path_passes_gradcheck():  # CPU kernels (too slow simulated)
     generator = torch.Generator().manual_seed(6)
     conv, norm = conv_norm_graph("InPlaceABN", generator)
     head = nn.Conv2d(4, 2, 1).double()
@@ -324,7 +323,6 @@ def test_outgoing_gradient_path_passes_gradcheck():
     assert torch.autograd.gradcheck(lambda t: head(norm(conv(t))), (x,))
 
 
-@kernels
 @pytest.mark.parametrize("case", ["other_branch_pending", "caller_holds_it"])
 def test_incoming_gradient_still_needed_elsewhere_is_not_overwritten(monkeypatch, case):
     """A gradient that an addition hands to the norm and to a branch whose backward has not run
