@@ -2,7 +2,8 @@
 
 Run as ``python -m experiments.bench_kernels [--shapes N C H W [N C H W ...]]
 [--dtypes DTYPE ...] [--threads T] [--repeats R] [--warmup W] [--device cpu|cuda] [--run RUN]
-[--out PATH]``; the default shapes are the table's (:data:`SHAPES`).
+[--out PATH]``; the default shapes are the table's and a sweep of the small one over the
+batch size (:data:`SHAPES`).
 
 One row per shape of ``--shapes`` and dtype of ``--dtypes`` (float32, float64, float16,
 bfloat16). A row's contenders are timed interleaved
@@ -85,7 +86,12 @@ SEED = 0
 #: ResNeXt-101's four stages at batch 32, and a small shape.
 STAGE_SHAPES = ((32, 256, 56, 56), (32, 512, 28, 28), (32, 1024, 14, 14), (32, 2048, 7, 7))
 SMALL_SHAPE = (8, 64, 28, 28)
-SHAPES = STAGE_SHAPES + (SMALL_SHAPE,)
+#: The small shape's channels and maps at other batch sizes: with it, a sweep over the tensor's
+#: size that locates the crossover below which the composite is faster (the fixed cost of a
+#: call, in Python and in launching numba's threads, outweighs the memory traffic saved; see
+#: :func:`experiments.report.bench_kernels.crossover`).
+SWEEP_SHAPES = ((2, 64, 28, 28), (4, 64, 28, 28), (16, 64, 28, 28), (32, 64, 28, 28))
+SHAPES = STAGE_SHAPES + (SMALL_SHAPE,) + SWEEP_SHAPES
 #: The goals per shape, ratio -> (comparison, threshold). At the first stage shape all three
 #: ratios have one; at the other stage shapes and the small one the speedup only (there the
 #: floor and copy ratios measure the fixed cost of a call more than memory traffic). Any other

@@ -1,5 +1,6 @@
 """Tests of the kernel benchmark (``experiments.bench_kernels``) and its reusable helpers."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -160,10 +161,10 @@ def test_fwd_bwd_hands_the_incoming_gradient_over_as_a_network_does(monkeypatch)
 def test_claims_report_lists_every_goal_of_every_run(tmp_path):
     from experiments.report import claims
 
-    row = {"shape": [32, 256, 56, 56], "dtype": "bfloat16",
-           "goals": bench_kernels.goals((32, 256, 56, 56), {
-               "speedup_vs_composite": 4.5, "fwd_bwd_over_traffic_floor": 1.7,
-               "forward_over_copy": 1.05})}
+    row_ratios = {"speedup_vs_composite": 4.5, "fwd_bwd_over_traffic_floor": 1.7,
+                  "forward_over_copy": 1.05}
+    row = {"shape": [32, 256, 56, 56], "dtype": "bfloat16", "tensor_bytes": 51380224,
+           "ratios": row_ratios, "goals": bench_kernels.goals((32, 256, 56, 56), row_ratios)}
     write_json_atomic(tmp_path / "bench_kernels" / "smoke-cpu.json",
                       {"machine": "a CPU", "threads": 2, "rows": [row]})
     lines = claims.speed_goals(tmp_path)
@@ -172,6 +173,53 @@ def test_claims_report_lists_every_goal_of_every_run(tmp_path):
     assert any("`fwd_bwd_over_traffic_floor` <= 1.5 | 1.70 | **no**" in line for line in lines)
     assert any("`forward_over_copy` <= 1.1 | 1.05 | **yes**" in line for line in lines)
     assert "No kernel benchmark yet." in claims.speed_goals(tmp_path / "none")
+
+
+def _sweep_report(speedups_by_dtype, family=(64, 28, 28)):
+    """A report with one row per (dtype, batch) of ``speedups_by_dtype`` ({dtype: {batch:
+    speedup}}), all of one ``family`` of channels and maps."""
+    itemsize = {"float32": 4, "bfloat16": 2}
+    return {"machine": "a CPU", "threads": 2, "rows": [
+        {"shape": [batch, *family], "dtype": dtype,
+         "tensor_bytes": batch * math.prod(family) * itemsize[dtype],
+         "ratios": {"speedup_vs_composite": speedup},
+         "goals": bench_kernels.goals((batch, *family), {"speedup_vs_composite": speedup})}
+        for dtype, by_batch in speedups_by_dtype.items() for batch, speedup in by_batch.items()]}
+
+
+def test_crossover_lies_between_the_last_slower_and_the_first_faster_size():
+    from experiments.report import bench_kernels as report_bench
+
+    report = _sweep_report({"float32": {16: 1.5, 2: 0.5, 4: 0.8, 8: 1.2},  # any order
+                            "bfloat16": {2: 0.5, 4: 1.2, 8: 0.9, 16: 1.3}})
+    rows = report_bench.crossover(report).set_index("dtype")
+    assert rows.loc["float32", "family"] == "64x28x28" and rows.loc["float32", "sizes"] == 4
+    assert rows.loc["float32", "slower_up_to"] == "4x64x28x28 (0.80 MB)"
+    assert rows.loc["float32", "faster_from"] == "8x64x28x28 (1.61 MB)"
+    # Slower again at a larger size: the crossover is above it, as measured.
+    assert rows.loc["bfloat16", "slower_up_to"] == "8x64x28x28 (0.80 MB)"
+    assert rows.loc["bfloat16", "faster_from"] == "16x64x28x28 (1.61 MB)"
+
+    always = report_bench.crossover(_sweep_report({"float32": {2: 1.1, 4: 1.3}})).iloc[0]
+    assert always["slower_up_to"] is None and always["faster_from"] == "2x64x28x28 (0.40 MB)"
+    never = report_bench.crossover(_sweep_report({"float32": {2: 0.3, 4: 0.9}})).iloc[0]
+    assert never["slower_up_to"] == "4x64x28x28 (0.80 MB)" and never["faster_from"] is None
+    # A shape measured at one batch size only has no crossover.
+    assert report_bench.crossover(_sweep_report({"float32": {8: 0.5}})).empty
+
+
+def test_claims_report_states_the_crossover(tmp_path):
+    from experiments.report import claims
+
+    write_json_atomic(tmp_path / "bench_kernels" / "smoke-cpu.json",
+                      _sweep_report({"bfloat16": {2: 0.5, 4: 1.2}}))
+    lines = claims.speed_goals(tmp_path)
+    assert "| smoke-cpu | bfloat16 | 64x28x28 | 2 | 2x64x28x28 (0.20 MB) | " \
+           "4x64x28x28 (0.40 MB) |" in lines
+    single = tmp_path / "single"
+    write_json_atomic(single / "bench_kernels" / "smoke-cpu.json",
+                      _sweep_report({"bfloat16": {2: 0.5}}))
+    assert not any("crossover" in line for line in claims.speed_goals(single))
 
 
 @pytest.mark.parametrize("args, message", [
@@ -195,7 +243,8 @@ def test_bench_kernels_rejects_bad_arguments(args, message, capsys):
 def test_bench_kernels_default_shapes_are_the_tables():
     args = bench_kernels.parse_args([])
     assert args.shapes == [(32, 256, 56, 56), (32, 512, 28, 28), (32, 1024, 14, 14),
-                           (32, 2048, 7, 7), (8, 64, 28, 28)]
+                           (32, 2048, 7, 7), (8, 64, 28, 28), (2, 64, 28, 28),
+                           (4, 64, 28, 28), (16, 64, 28, 28), (32, 64, 28, 28)]
 
 
 def test_bench_kernels_artifact_is_named_by_its_run():

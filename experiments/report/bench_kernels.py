@@ -68,4 +68,48 @@ def table(report):
     return pd.DataFrame(records)
 
 
-__all__ = ["goals", "load", "load_current", "runs", "table"]
+def speedups(report):
+    """One row per shape and dtype: ``shape``, ``dtype``, ``family`` (``"CxHxW"``: the shape
+    without its batch size), ``batch``, ``tensor_mb`` (the tensor's size, MB) and
+    ``speedup`` (``speedup_vs_composite``), for the crossover figure."""
+    return pd.DataFrame([{"shape": _shape(row), "dtype": row["dtype"],
+                          "family": "x".join(map(str, row["shape"][1:])),
+                          "batch": row["shape"][0], "tensor_mb": row["tensor_bytes"] / 1e6,
+                          "speedup": row["ratios"]["speedup_vs_composite"]}
+                         for row in report["rows"]])
+
+
+def _shape_and_size(point):
+    return None if point is None else f"{point['shape']} ({point['tensor_mb']:.2f} MB)"
+
+
+def crossover(report):
+    """Where ``InPlaceABN`` overtakes the composite, per dtype and family of shapes that differ
+    in the batch size only (measured at two sizes at least).
+
+    One row per dtype and family: ``dtype``, ``family``, ``sizes`` (how many were measured),
+    ``slower_up_to`` (the largest measured shape at which the composite is faster, with its
+    size; ``None``: none is) and ``faster_from`` (the smallest measured shape from which
+    ``InPlaceABN`` is at least as fast at every larger one; ``None``: not even the largest).
+    The crossover lies between the two; a family whose speedup goes below 1 again at a larger
+    size has its ``slower_up_to`` above its first fast size, which the row shows as it is.
+    """
+    points = speedups(report)
+    records = []
+    for (dtype, family), rows in points.groupby(["dtype", "family"], sort=False):
+        if len(rows) < 2:
+            continue
+        rows = rows.sort_values("tensor_mb")
+        slower = rows[rows["speedup"] < 1.0]
+        last_slow = None if slower.empty else slower.iloc[-1]
+        faster = (rows if last_slow is None
+                  else rows[rows["tensor_mb"] > last_slow["tensor_mb"]])
+        first_fast = None if faster.empty else faster.iloc[0]
+        records.append({"dtype": dtype, "family": family, "sizes": len(rows),
+                        "slower_up_to": _shape_and_size(last_slow),
+                        "faster_from": _shape_and_size(first_fast)})
+    return pd.DataFrame(records, columns=["dtype", "family", "sizes", "slower_up_to",
+                                          "faster_from"])
+
+
+__all__ = ["crossover", "goals", "load", "load_current", "runs", "speedups", "table"]

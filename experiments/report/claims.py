@@ -610,7 +610,30 @@ def speed_goals(artifacts):
                      f"`{goal.goal}` {goal.comparison} {goal.threshold:g}", f"{goal.value:.2f}",
                      "**yes**" if goal.met else "**no**"]
             lines.append("| " + " | ".join(_escape(c) for c in cells) + " |")
-    return lines
+    return lines + crossover_lines(artifacts, found)
+
+
+def crossover_lines(artifacts, found):
+    """Markdown lines: per run, dtype and family of shapes measured at several batch sizes,
+    the sizes between which InPlace-ABN overtakes the composite
+    (:func:`experiments.report.bench_kernels.crossover`)."""
+    header = ["run", "dtype", "shapes (C x H x W)", "sizes", "composite faster up to",
+              "InPlace-ABN at least as fast from"]
+    rows = []
+    for run in found:
+        for point in bench_kernels.crossover(bench_kernels.load(run, artifacts)).itertuples():
+            rows.append([run, point.dtype, point.family, point.sizes,
+                         point.slower_up_to or "none measured",
+                         point.faster_from or "none measured"])
+    if not rows:
+        return []
+    lines = ["", "The crossover: the same channels and maps at several batch sizes (figure: "
+             "the last panel of `figures/<run>/bench_kernels.png`). Below it the fixed cost of "
+             "a call "
+             "(the layer's Python and per-channel steps, the custom operators' dispatch, numba's parallel launches) outweighs the "
+             "memory traffic saved.", "",
+             "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(_escape(c) for c in cells) + " |" for cells in rows]
 
 
 def report(artifacts):
