@@ -457,6 +457,37 @@ def test_float32_long_rows_many_channels(cls, variant, channels_last):
                                    msg=lambda m: f"{name}: {m}")
 
 
+@pytest.mark.parametrize("batch", [4, 9], ids=["one-group", "groups-and-remainder"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_fused_forward_reads_rows_four_at_a_time_exactly(dtype, batch):
+    """The CPU kernels' fused training forward sums each channel's rows four at a time (and
+    the remainder one by one), over several blocks and a tail, on a large mean: its moments
+    and output against float64 arithmetic on the same (rounded) input.
+    Not marked ``kernels``: it is about ``cpu.py``."""
+    from layers import ops
+    from layers.kernels import common
+
+    generator = torch.Generator().manual_seed(3)
+    channels = 40  # from 32 channels on, the in-place training forward is the fused one
+    x = (torch.randn(batch, channels, 2 * 512 + 37, generator=generator) * 2 + 50).to(dtype)
+    exact = x.double()
+    mean = exact.mean(dim=(0, 2))
+    m2 = ((exact - mean[:, None]) ** 2).sum(dim=(0, 2))
+    gamma = torch.rand(channels, dtype=torch.float64, generator=generator) + 0.5
+    beta = torch.randn(channels, dtype=torch.float64, generator=generator)
+    eps, slope = 1e-5, 0.01
+    y = (exact - mean[:, None]) / torch.sqrt(m2 / (batch * x.shape[2]) + eps)[:, None]
+    expected = torch.nn.functional.leaky_relu(y * gamma[:, None] + beta[:, None], slope)
+
+    out = x.clone()
+    moments = ops.moments_normalize_act_(out, gamma, beta, eps, common.ACT_LEAKY_RELU, slope)
+    torch.testing.assert_close(moments[0], mean, rtol=1e-6, atol=0)
+    torch.testing.assert_close(moments[1], m2, rtol=1e-5, atol=0)
+    tolerance = {torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
+    torch.testing.assert_close(out.double(), expected.to(dtype).double(), rtol=tolerance,
+                               atol=tolerance)
+
+
 def away_from_the_kink(x, layer, margin=1e-4):
     """``x`` with the few elements whose normalized value ``y`` lies within ``margin`` of the
     activation's kink at 0 moved off it.

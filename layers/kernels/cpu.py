@@ -9,13 +9,15 @@ Each takes torch CPU tensors in one of the canonical views of :mod:`layers.kerne
 converted in registers (:mod:`layers.kernels.codecs`).
 
 Memory traffic: in training, the in-place forward reads each channel once and writes it once
-(statistics and output back to back per channel, the second read hitting cache); the backward
+(statistics and output back to back per channel, the second read hitting cache; the statistics
+read four of the channel's rows at a time, four memory streams instead of one); the backward
 makes two reads for the reductions and two reads plus one write for the input gradient. Fusing
 the two backward passes per channel was measured not to help. In the ``(N, C, S)`` view, sums
 are taken over blocks of ``_BLOCK`` elements in the compute precision (the data's, float32 for
-16-bit data) and the block sums added in float64; the channels-last view does the same per
-channel over blocks of ``_BLOCK`` rows. The statistics subtract a per-channel sample value first
-(shifted sums), so a large mean does not cancel the variance in float32.
+16-bit data; the fused forward's blocks take four rows' ``_BLOCK`` elements) and the block sums
+added in float64; the channels-last view does the same per channel over blocks of ``_BLOCK``
+rows. The statistics subtract a per-channel sample value first (shifted sums), so a large mean
+does not cancel the variance in float32.
 
 Reproducibility: the order of every sum is fixed by the shape alone (rows of the ``(N, C, S)``
 view, chunks of ``_ROWS_PER_CHUNK`` rows of the ``(M, C)`` view, the choice of the fused
@@ -151,6 +153,39 @@ def _shifted_row_sums(row, k):
             b2 += d * d
         s1 += b1
         s2 += b2
+    return s1, s2
+
+
+@_jit_scalar
+def _shifted_four_row_sums(r0, r1, r2, r3, k):
+    """:func:`_shifted_row_sums` of four rows of the same length, added up.
+
+    The four rows are read side by side, element by element: four memory streams at once
+    instead of one. Where consecutive rows of a channel lie far apart (the ``(N, C, S)`` view
+    read channel by channel), a single stream leaves the memory idle while each row's first
+    cache lines arrive; four keep it busy (measured, interleaved with the one-row version on 2
+    cores: the fused forward 10 to 25% faster at ResNeXt-101's 56x56 and 28x28 stage shapes,
+    as fast at 7x7 maps, whose short rows leave little to overlap). A block's sums in the compute dtype run over the four rows' ``_BLOCK`` elements
+    together (``4 * _BLOCK`` values; one accumulator per sum, as separate ones per row measured
+    slower). The rows are separate, contiguous arguments: one strided ``(4, S)`` view of them
+    would not vectorise.
+    """
+    s1 = 0.0
+    s2 = 0.0
+    for start in range(0, r0.size, _BLOCK):
+        b0, b1 = r0[start:start + _BLOCK], r1[start:start + _BLOCK]
+        b2, b3 = r2[start:start + _BLOCK], r3[start:start + _BLOCK]
+        p = k - k
+        q = k - k
+        for t in range(b0.size):
+            d0 = load(b0[t]) - k
+            d1 = load(b1[t]) - k
+            d2 = load(b2[t]) - k
+            d3 = load(b3[t]) - k
+            p += (d0 + d1) + (d2 + d3)
+            q += (d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3)
+        s1 += p
+        s2 += q
     return s1, s2
 
 
@@ -300,7 +335,13 @@ def _moments_forward_ncs_inplace(x, gamma, beta, eps, act, slope, coef):
         s1 = 0.0
         s2 = 0.0
         shift = load(x[0, j, 0])
-        for i in range(n):
+        grouped = n - n % 4  # rows read four at a time (:func:`_shifted_four_row_sums`)
+        for i in range(0, grouped, 4):
+            r1, r2 = _shifted_four_row_sums(x[i, j], x[i + 1, j], x[i + 2, j], x[i + 3, j],
+                                            shift)
+            s1 += r1
+            s2 += r2
+        for i in range(grouped, n):
             r1, r2 = _shifted_row_sums(x[i, j], shift)
             s1 += r1
             s2 += r2
