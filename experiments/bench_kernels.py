@@ -8,8 +8,8 @@ batch size (:data:`SHAPES`).
 One row per shape of ``--shapes`` and dtype of ``--dtypes`` (float32, float64, float16,
 bfloat16). A row's contenders are timed interleaved
 (:func:`experiments.measure.timing.time_interleaved`: ``--warmup`` untimed rounds, then
-``--repeats`` timed ones, each round runs every contender once and the order rotates between
-rounds), so load that drifts on a noisy machine reaches them all alike; each gets the
+``--repeats`` timed ones, each round runs every contender once in a freshly shuffled order),
+so load that drifts on a noisy machine reaches them all alike; each gets the
 median/min/max of its runs. Inputs are prepared outside the timed region. In a 16-bit row the
 data is 16-bit and the parameters and running statistics float32, as under ``torch.autocast``,
 for the layer and the composite alike. The contenders (:class:`Contenders`):

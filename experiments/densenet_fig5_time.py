@@ -4,7 +4,7 @@ Run as ``python -m experiments.densenet_fig5_time --depth D [--growth-rate K] [-
 [--size S] [--impls ...] [--device cpu|cuda] [--threads T] [--warmup W] [--repeats R] --out
 PATH``. One point is one network (depth); every implementation of it is measured in the same
 process, interleaved (:func:`experiments.measure.timing.time_interleaved`: one step of each per round,
-in rotating order), so load that changes while the point runs reaches all of them alike and
+in a shuffled order), so load that changes while the point runs reaches all of them alike and
 their ratio to ``naive`` - the quantity the paper reports - is not skewed.
 
 The paper (p. 6, Sec. 5, Fig. 5): DenseNet-BC-100, k = 12, on an NVIDIA Maxwell Titan-X;

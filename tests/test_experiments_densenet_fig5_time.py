@@ -47,16 +47,29 @@ def test_bad_arguments_are_refused_by_name(tmp_path, capsys, args, message):
     assert message in capsys.readouterr().err
 
 
-def test_interleaved_rounds_rotate_the_order_and_time_after_warmup():
+def test_interleaved_rounds_shuffle_the_order_and_time_after_warmup():
     calls = []
-    fns = {name: (lambda arg, name=name: calls.append((name, arg))) for name in "abc"}
-    setups = {name: (lambda name=name: f"setup {name}") for name in "abc"}
-    result = time_interleaved(fns, warmup=1, repeats=3, setups=setups)
-    assert [name for name, _ in calls] == list("abc" "bca" "cab" "abc")
+    names = "abcd"
+    fns = {name: (lambda arg, name=name: calls.append((name, arg))) for name in names}
+    setups = {name: (lambda name=name: f"setup {name}") for name in names}
+    result = time_interleaved(fns, warmup=1, repeats=11, setups=setups)
+    order = [name for name, _ in calls]
+    rounds = [order[i:i + len(names)] for i in range(0, len(order), len(names))]
+    assert len(rounds) == 12 and all(sorted(r) == list(names) for r in rounds)
     assert all(arg == f"setup {name}" for name, arg in calls)
-    assert list(result) == list("abc")
+    # Neither the first place nor any callable's predecessor is fixed, unlike a rotation
+    # (where each callable always follows the same neighbour, but in the first place).
+    assert {r[0] for r in rounds} == set(names)
+    predecessors = {name: {r[r.index(name) - 1] for r in rounds if r.index(name)}
+                    for name in names}
+    assert all(len(before) >= 2 for before in predecessors.values()), predecessors
+    assert list(result) == list(names)
     for timing in result.values():
-        assert timing["repeats"] == 3 and timing["min_s"] <= timing["median_s"] <= timing["max_s"]
+        assert timing["repeats"] == 11 and timing["min_s"] <= timing["median_s"] <= timing["max_s"]
+
+    calls.clear()
+    time_interleaved(fns, warmup=1, repeats=11, setups=setups)
+    assert [name for name, _ in calls] == order  # seeded: the same orders on every run
 
 
 def test_interleaved_timer_refuses_bad_input():

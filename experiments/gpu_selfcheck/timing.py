@@ -2,7 +2,7 @@
 batch norm + activation.
 
 Per shape, dtype and layout, :func:`time_point` times these contenders interleaved
-(:func:`experiments.measure.timing.time_interleaved`: one run of each per round, rotating the
+(:func:`experiments.measure.timing.time_interleaved`: one run of each per round, in a shuffled
 order; ``torch.cuda.Event`` on a GPU), inputs prepared outside the timed region:
 
 * ``copy``: ``dst.copy_(src)`` of one tensor of the shape, device to device: one read and one

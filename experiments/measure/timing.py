@@ -5,9 +5,11 @@ On CPU each run is timed with :func:`time.perf_counter`. On CUDA it is timed wit
 the time covers the device work the call queued and not the host's launch time alone.
 
 :func:`time_callable` times one callable; :func:`time_interleaved` times several in rounds (each
-runs once per round), so that load which drifts while they are measured (other jobs, thermal
-throttling) reaches all of them alike and their ratios stay fair.
+runs once per round, in a shuffled order), so that load which drifts while they are measured
+(other jobs, thermal throttling) and the state each call leaves to the next reach all of them
+alike, and their ratios stay fair.
 """
+import random
 import statistics
 import time
 
@@ -72,14 +74,18 @@ def time_callable(fn, warmup, repeats, device="cpu", setup=None):
     return _summary([run_once(fn, setup) for _ in range(int(repeats))])
 
 
-def time_interleaved(fns, warmup, repeats, device="cpu", setups=None):
+def time_interleaved(fns, warmup, repeats, device="cpu", setups=None, seed=0):
     """Time every callable of ``fns`` (``{name: fn}``) in ``warmup + repeats`` rounds.
 
-    Each round calls every ``fn`` once; round ``r`` starts at the ``r``-th name (rotating the
-    order), so no callable is always the first, or always the one after the same neighbour.
-    The first ``warmup`` rounds are not timed. ``setups`` (``{name: setup}``, optional per
-    name) works as ``setup`` of :func:`time_callable`. Returns ``{name: dict(median_s, min_s,
-    max_s, repeats)}`` in the order of ``fns``.
+    Each round calls every ``fn`` once, in an order drawn afresh for the round (a permutation
+    from ``random.Random(seed)``: the same orders on every run), so no callable is always the
+    first, or always the one after the same neighbour. What a call leaves behind reaches all of
+    them alike: a warm or a cold cache, or a thread pool gone to sleep (on a CPU, numba's
+    threads sleep while torch's run, and wake-up costs the next numba call a fixed delay that a
+    fixed order would charge to one contender only). The first ``warmup`` rounds are not
+    timed. ``setups`` (``{name: setup}``, optional per name) works as ``setup`` of
+    :func:`time_callable`. Returns ``{name: dict(median_s, min_s, max_s, repeats)}`` in the
+    order of ``fns``.
     """
     _check_counts(warmup, repeats)
     if not fns:
@@ -90,10 +96,10 @@ def time_interleaved(fns, warmup, repeats, device="cpu", setups=None):
         raise ValueError(f"setups names {unknown}, which are not in fns {list(fns)}")
     run_once = _timer(device)
     names = list(fns)
+    order = random.Random(seed)
     times = {name: [] for name in names}
     for r in range(int(warmup) + int(repeats)):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
+        for name in order.sample(names, len(names)):
             seconds = run_once(fns[name], setups.get(name))
             if r >= warmup:
                 times[name].append(seconds)
