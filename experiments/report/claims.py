@@ -629,9 +629,8 @@ def crossover_lines(artifacts, found):
         return []
     lines = ["", "The crossover: the same channels and maps at several batch sizes (figure: "
              "the last panel of `figures/<run>/bench_kernels.png`). Below it the fixed cost of "
-             "a call "
-             "(the layer's Python and per-channel steps, the custom operators' dispatch, waking numba's thread pool) outweighs the "
-             "memory traffic saved.", "",
+             "a call (the layer's Python and per-channel steps, the custom operators' dispatch, "
+             "waking numba's thread pool) outweighs the memory traffic saved.", "",
              "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return lines + ["| " + " | ".join(_escape(c) for c in cells) + " |" for cells in rows]
 
