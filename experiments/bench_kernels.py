@@ -90,7 +90,8 @@ SMALL_SHAPE = (8, 64, 28, 28)
 #: size that locates the crossover below which the composite is faster (the fixed cost of a
 #: call, in Python and in launching numba's threads, outweighs the memory traffic saved; see
 #: :func:`experiments.report.bench_kernels.crossover`).
-SWEEP_SHAPES = ((2, 64, 28, 28), (4, 64, 28, 28), (16, 64, 28, 28), (32, 64, 28, 28))
+SWEEP_SHAPES = ((2, 64, 28, 28), (4, 64, 28, 28), (16, 64, 28, 28), (32, 64, 28, 28),
+                (64, 64, 28, 28))
 SHAPES = STAGE_SHAPES + (SMALL_SHAPE,) + SWEEP_SHAPES
 #: The goals per shape, ratio -> (comparison, threshold). At the first stage shape all three
 #: ratios have one; at the other stage shapes and the small one the speedup only (there the

@@ -202,7 +202,8 @@ def test_crossover_lies_between_the_last_slower_and_the_first_faster_size():
 
     always = report_bench.crossover(_sweep_report({"float32": {2: 1.1, 4: 1.3}})).iloc[0]
     assert always["slower_up_to"] is None and always["faster_from"] == "2x64x28x28 (0.40 MB)"
-    never = report_bench.crossover(_sweep_report({"float32": {2: 0.3, 4: 0.9}})).iloc[0]
+    never = report_bench.crossover(_sweep_report({"float32": {2: 0.3, 4: 0.9},
+                                                  "bfloat16": {2: 1.1, 4: 1.3}})).iloc[0]
     assert never["slower_up_to"] == "4x64x28x28 (0.80 MB)" and never["faster_from"] is None
     # A shape measured at one batch size only has no crossover.
     assert report_bench.crossover(_sweep_report({"float32": {8: 0.5}})).empty
@@ -212,10 +213,14 @@ def test_claims_report_states_the_crossover(tmp_path):
     from experiments.report import claims
 
     write_json_atomic(tmp_path / "bench_kernels" / "smoke-cpu.json",
-                      _sweep_report({"bfloat16": {2: 0.5, 4: 1.2}}))
+                      _sweep_report({"bfloat16": {2: 0.5, 4: 1.2},
+                                     "float32": {2: 0.5, 4: 0.9}}))
     lines = claims.speed_goals(tmp_path)
     assert "| smoke-cpu | bfloat16 | 64x28x28 | 2 | 2x64x28x28 (0.20 MB) | " \
            "4x64x28x28 (0.40 MB) |" in lines
+    # Never as fast, beside a dtype that is: said so, not "nan".
+    assert "| smoke-cpu | float32 | 64x28x28 | 2 | 4x64x28x28 (0.80 MB) | none measured |" \
+        in lines
     single = tmp_path / "single"
     write_json_atomic(single / "bench_kernels" / "smoke-cpu.json",
                       _sweep_report({"bfloat16": {2: 0.5}}))
@@ -244,7 +249,8 @@ def test_bench_kernels_default_shapes_are_the_tables():
     args = bench_kernels.parse_args([])
     assert args.shapes == [(32, 256, 56, 56), (32, 512, 28, 28), (32, 1024, 14, 14),
                            (32, 2048, 7, 7), (8, 64, 28, 28), (2, 64, 28, 28),
-                           (4, 64, 28, 28), (16, 64, 28, 28), (32, 64, 28, 28)]
+                           (4, 64, 28, 28), (16, 64, 28, 28), (32, 64, 28, 28),
+                           (64, 64, 28, 28)]
 
 
 def test_bench_kernels_artifact_is_named_by_its_run():

@@ -108,8 +108,10 @@ def crossover(report):
         records.append({"dtype": dtype, "family": family, "sizes": len(rows),
                         "slower_up_to": _shape_and_size(last_slow),
                         "faster_from": _shape_and_size(first_fast)})
-    return pd.DataFrame(records, columns=["dtype", "family", "sizes", "slower_up_to",
-                                          "faster_from"])
+    # object columns: a missing shape stays None beside strings (a string column makes it NaN)
+    frame = pd.DataFrame(records, columns=["dtype", "family", "sizes", "slower_up_to",
+                                           "faster_from"], dtype=object)
+    return frame.astype({"sizes": int})
 
 
 __all__ = ["crossover", "goals", "load", "load_current", "runs", "speedups", "table"]
