@@ -1,8 +1,8 @@
 """The numba kernels as PyTorch custom operators (``torch.ops.layers.*``).
 
-Every kernel call of :mod:`layers.functional` goes through one of these operators, in eager
-mode as under ``torch.compile``, so there is one code path. As operators they have what the
-numba calls alone lack:
+Every kernel call of :mod:`layers.functional` goes through one of these operators
+(:class:`KernelOperator`), in eager mode as under ``torch.compile``. As operators they have
+what the numba calls alone lack:
 
 * a *fake* implementation (output shapes, dtypes and devices, no data), so the layers run on
   ``FakeTensorMode`` tensors and on the ``meta`` device: the simulated-memory measurements of
@@ -11,6 +11,10 @@ numba calls alone lack:
   argument in place, the ``*_out`` ones their ``out``), so ``torch.compile`` traces them as
   single graph nodes, functionalizes the mutating ones and never breaks the graph on a numba
   call.
+
+On plain eager tensors the dispatcher adds nothing but its cost, and a :class:`KernelOperator`
+calls the implementation directly (bumping the version counters of what it mutates, as the
+operator would): the same function runs either way.
 
 The operators work on the canonical kernel views of :mod:`layers.kernels.common` (``(N, C, S)``
 contiguous, or ``(M, C)`` for channels-last tensors) with float64 per-channel vectors, as the
@@ -22,10 +26,12 @@ and the in-place forward, the point of InPlace-ABN, mutates its input.
 ``skip``: ``None`` or a ``(1,)`` bool tensor on the device, for the kernels that guard their
 writes with it (the CUDA kernels, ``DEVICE_GUARD``): while it holds ``True`` they write nothing.
 """
+import functools
 from typing import Optional
 
 import torch
 from torch.library import custom_op
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from .kernels import backend
 
@@ -45,13 +51,57 @@ def _per_channel(view, rows=2):
     return view.new_empty((rows, _channels(view)), dtype=torch.float64)
 
 
+class KernelOperator:
+    """A kernel as a custom operator ``layers::<name>``, called directly where the dispatcher
+    adds nothing.
+
+    Calling the operator costs about as much as a small kernel (18 us on the CPU: Python
+    dispatch through the autograd, ``ADInplaceOrView`` and backend keys), several times per
+    layer and step. Called on plain eager tensors (not fake, not on ``meta``, not under
+    ``torch.compile`` or a ``TorchDispatchMode`` such as the memory tracker of
+    :mod:`experiments.measure.tensor_memory`), this runs the implementation directly and
+    bumps the version counter of every mutated argument, as the operator's
+    ``ADInplaceOrView`` kernel does (autograd's check that a saved tensor was not overwritten
+    relies on it). Anywhere else it calls ``operator``, the registered custom operator.
+    """
+
+    def __init__(self, implementation, mutates_args):
+        self.operator = custom_op(f"layers::{implementation.__name__}",
+                                  mutates_args=mutates_args)(implementation)
+        self.implementation = implementation
+        parameters = implementation.__code__.co_varnames
+        self._mutated = tuple((parameters.index(name), name) for name in mutates_args)
+        functools.update_wrapper(self, implementation)
+
+    def register_fake(self, fake):
+        """Register ``fake`` as the operator's fake (shapes-only) implementation."""
+        return self.operator.register_fake(fake)
+
+    def __call__(self, *args, **kwargs):
+        first = args[0]
+        if (type(first) is not torch.Tensor or first.is_meta  # noqa: E721 (fake: a subclass)
+                or torch.compiler.is_compiling() or is_in_torch_dispatch_mode()):
+            return self.operator(*args, **kwargs)
+        result = self.implementation(*args, **kwargs)
+        for index, name in self._mutated:
+            mutated = args[index] if index < len(args) else kwargs[name]
+            if not mutated.is_inference():  # inference tensors have no version counter
+                torch.autograd.graph.increment_version(mutated)
+        return result
+
+
+def _operator(mutates_args):
+    """Decorator: the kernel implementation below as a :class:`KernelOperator`."""
+    return functools.partial(KernelOperator, mutates_args=mutates_args)
+
+
 def _guard(skip):
     """The kernels' ``skip`` keyword, given only when there is a flag."""
     return {} if skip is None else {"skip": skip}
 
 
 # --------------------------------------------------------------------------- statistics
-@custom_op("layers::moments", mutates_args=())
+@_operator(())
 def moments(x: Tensor) -> Tensor:
     """Per-channel ``[mean, M2]`` of ``x`` (``(2, C)`` float64)."""
     return backend(x).moments(x)
@@ -63,7 +113,7 @@ def _(x):
 
 
 # --------------------------------------------------------------------------- forward
-@custom_op("layers::moments_normalize_act_", mutates_args=("x",))
+@_operator(("x",))
 def moments_normalize_act_(x: Tensor, gamma: Tensor, beta: Tensor, eps: float, act: int,
                            slope: float, skip: Optional[Tensor] = None) -> Tensor:
     """The training forward in place: returns the batch's ``[mean, M2]`` and writes
@@ -76,7 +126,7 @@ def _(x, gamma, beta, eps, act, slope, skip=None):
     return _per_channel(x)
 
 
-@custom_op("layers::moments_normalize_act_out", mutates_args=("out",))
+@_operator(("out",))
 def moments_normalize_act_out(x: Tensor, out: Tensor, gamma: Tensor, beta: Tensor, eps: float,
                               act: int, slope: float) -> Tensor:
     """The training forward into ``out`` (a view shaped like ``x``, not overlapping it):
@@ -89,7 +139,7 @@ def _(x, out, gamma, beta, eps, act, slope):
     return _per_channel(x)
 
 
-@custom_op("layers::scale_shift_act_", mutates_args=("x",))
+@_operator(("x",))
 def scale_shift_act_(x: Tensor, a: Tensor, b: Tensor, act: int, slope: float,
                      skip: Optional[Tensor] = None) -> None:
     """``x = act(x * a + b)`` per channel, in place (``a``, ``b`` in the compute dtype of
@@ -102,7 +152,7 @@ def _(x, a, b, act, slope, skip=None):
     _channels(x)
 
 
-@custom_op("layers::scale_shift_act_out", mutates_args=("out",))
+@_operator(("out",))
 def scale_shift_act_out(x: Tensor, out: Tensor, a: Tensor, b: Tensor, act: int,
                         slope: float) -> None:
     """``out = act(x * a + b)`` per channel (``out`` shaped like ``x``, not overlapping it)."""
@@ -115,7 +165,7 @@ def _(x, out, a, b, act, slope):
 
 
 # --------------------------------------------------------------------------- backward
-@custom_op("layers::backward_reduce", mutates_args=())
+@_operator(())
 def backward_reduce(z: Tensor, dz: Tensor, x: Optional[Tensor], p: Tensor, q: Tensor, act: int,
                     slope: float, mode: int) -> Tensor:
     """Per-channel ``[sum dy, sum dy * v]`` (``(2, C)`` float64); ``x`` only in
@@ -128,7 +178,7 @@ def _(z, dz, x, p, q, act, slope, mode):
     return _per_channel(z)
 
 
-@custom_op("layers::backward_input", mutates_args=())
+@_operator(())
 def backward_input(z: Tensor, dz: Tensor, x: Optional[Tensor], p: Tensor, q: Tensor,
                    coef: Tensor, act: int, slope: float, mode: int) -> Tensor:
     """The input gradient ``dy * coef[0] + v * coef[1] + coef[2]``, a new tensor."""
@@ -143,7 +193,7 @@ def _(z, dz, x, p, q, coef, act, slope, mode):
     return torch.empty_like(z)
 
 
-@custom_op("layers::backward_input_", mutates_args=("dz",))
+@_operator(("dz",))
 def backward_input_(z: Tensor, dz: Tensor, x: Optional[Tensor], p: Tensor, q: Tensor,
                     coef: Tensor, act: int, slope: float, v_mode: int) -> None:
     """:func:`backward_input` written over ``dz``: every kernel reads an element of ``dz``

@@ -145,7 +145,7 @@ def op_samples():
 @pytest.mark.parametrize("op,args", list(op_samples()),
                          ids=lambda v: getattr(v, "__name__", None) or "")
 def test_opcheck(op, args):
-    torch.library.opcheck(op, args)
+    torch.library.opcheck(op.operator, args)
 
 
 def test_every_operator_is_checked():
@@ -189,3 +189,75 @@ def test_compiled_resnext_block_with_inplace_abn_matches_eager():
                           PreActBlock(16, (8, 8, 16), groups=4, norm_act=NormAct("iabn")))
     x = torch.randn(2, 3, 8, 8, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
     assert_compiled_matches_eager(block.double(), x)
+
+
+# --------------------------------------------------------------------------- eager calls
+class _PassThrough(torch.utils._python_dispatch.TorchDispatchMode):
+    """A dispatch mode that changes nothing: under it the operators run through the
+    dispatcher and the per-channel steps in torch (:func:`layers.functional
+    .per_channel_library`), the path taken under fake tensors, ``meta`` and the CUDA kernels."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def test_eager_call_bumps_the_version_of_what_it_mutates_as_the_operator_does():
+    """A direct eager call mutates and versions its tensors as the registered operator does."""
+    x = torch.randn(2, 3, 5, dtype=torch.float64)
+    a, b = torch.ones(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)
+    direct, dispatched = x.clone(), x.clone()
+    ops.scale_shift_act_(direct, a, b, common.ACT_LEAKY_RELU, 0.1)
+    ops.scale_shift_act_.operator(dispatched, a, b, common.ACT_LEAKY_RELU, 0.1)
+    assert direct._version == dispatched._version > 0
+    torch.testing.assert_close(direct, torch.nn.functional.leaky_relu(x, 0.1), rtol=0, atol=0)
+    before = x._version
+    ops.moments(x)  # mutates nothing
+    assert x._version == before
+
+
+def test_overwriting_a_tensor_saved_by_another_operation_is_caught_by_autograd():
+    """The version bump of the eager call is what lets autograd refuse a backward through an
+    operation whose saved output an in-place layer overwrote."""
+    base = torch.randn(2, 3, 4, 4, requires_grad=True)
+    saved = torch.sigmoid(base)  # saves its output for backward
+    out = InPlaceABN(3)(saved)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+@pytest.mark.parametrize("cls,variant", [(InPlaceABN, "I"), (InPlaceABN, "II"), (ABN, None)])
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_numpy_per_channel_steps_equal_the_torch_ones(cls, variant, training, layout):
+    """The per-channel arithmetic in numpy (eager CPU kernels) against the same formulas in
+    torch (under a pass-through dispatch mode): output, gradients and running statistics, in
+    float64 and float32 (a float32 layer's parameters, statistics and gradients), scale modes
+    ``abs`` and ``bn``."""
+    for dtype, scale_mode in ((torch.float64, "abs"), (torch.float32, "bn")):
+        generator = torch.Generator().manual_seed(5)
+        x = laid_out(torch.randn(SHAPE, generator=generator, dtype=dtype) * 2 + 1, layout)
+        grad = torch.randn(SHAPE, generator=generator, dtype=dtype)
+        kwargs = dict(activation="leaky_relu", activation_param=0.1, scale_mode=scale_mode,
+                      dtype=dtype)
+        if variant is not None:
+            kwargs["variant"] = variant
+        layer = cls(SHAPE[1], **kwargs).train(training)
+        with torch.no_grad():
+            layer.weight.uniform_(0.5, 1.5, generator=generator)
+            layer.bias.uniform_(-1, 1, generator=generator)
+            layer.running_var.uniform_(0.5, 2, generator=generator)
+        results = []
+        for mode in (None, _PassThrough()):
+            copy_ = copy.deepcopy(layer)
+            base = x.clone().requires_grad_(True)
+            if mode is None:
+                out = copy_(base.clone())
+                out.backward(grad)
+            else:
+                with mode:
+                    out = copy_(base.clone())
+                    out.backward(grad)
+            results.append([out.detach(), base.grad, copy_.weight.grad, copy_.bias.grad,
+                            copy_.running_mean, copy_.running_var])
+        for numpy_path, torch_path in zip(*results):
+            torch.testing.assert_close(numpy_path, torch_path)

@@ -39,6 +39,11 @@ if _cpu_choice == "cudasim":
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
 
+def host_kernels(tensor):
+    """Whether ``tensor`` runs the CPU kernels (``numba.njit``, on host memory)."""
+    return tensor.device.type == "cpu" and _cpu_choice == "cpu"
+
+
 def backend(tensor):
     """The kernel module for ``tensor``'s device (imported, and so compiled, on first use)."""
     if tensor.is_cuda or _cpu_choice == "cudasim":
