@@ -29,7 +29,8 @@ for the layer and the composite alike. The contenders (:class:`Contenders`):
 
 and, in the same rounds, the kernel passes of the per-pass profile (:data:`PASSES`): the custom
 operators of :mod:`layers.ops` alone, on the canonical ``(N, C, H*W)`` views of tensors of the
-row's shape, as the layer calls them (the backward ones as variant II does).
+row's shape, as the layer calls them (directly in eager mode, see
+:class:`layers.ops.KernelOperator`; the backward ones as variant II does).
 
 A row of the artifact: ``shape``, ``dtype``, ``tensor_bytes``;
 ``results`` (contender -> ``median_s``, ``min_s``, ``max_s``, ``repeats``; the copy also

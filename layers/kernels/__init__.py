@@ -23,6 +23,7 @@ environment variable ``LAYERS_KERNELS=cudasim`` is set when :mod:`layers` is imp
 run the CUDA kernels under numba's CUDA simulator, which tests the CUDA code end to end on a
 machine without a GPU (slowly: use small tensors).
 """
+import functools
 import importlib
 import os
 
@@ -47,7 +48,7 @@ def host_kernels(tensor):
 def backend(tensor):
     """The kernel module for ``tensor``'s device (imported, and so compiled, on first use)."""
     if tensor.is_cuda or _cpu_choice == "cudasim":
-        module = importlib.import_module(".cuda", __name__)
+        module = _module("cuda")
         if not tensor.is_cuda and not module.SIMULATOR:
             raise RuntimeError(
                 "LAYERS_KERNELS=cudasim needs numba's CUDA simulator, but numba.cuda was imported "
@@ -56,4 +57,10 @@ def backend(tensor):
         return module
     if tensor.device.type != "cpu":
         raise ValueError(f"input: tensors on {tensor.device.type} are not supported (cpu, cuda)")
-    return importlib.import_module(".cpu", __name__)
+    return _module("cpu")
+
+
+@functools.lru_cache(maxsize=None)
+def _module(name):
+    """The kernel module ``name``, imported once (a lookup per kernel call otherwise)."""
+    return importlib.import_module(f".{name}", __name__)

@@ -40,6 +40,7 @@ Empty inputs (no element: ``N = 0`` or a spatial size 0) launch nothing, as in `
 All functions compile lazily on first use and are cached on disk, keyed on this file and on
 ``common.py`` (:mod:`layers.kernels.caching`): editing either recompiles on the next use.
 """
+import functools
 import sys
 
 import numba
@@ -480,7 +481,14 @@ def _scalar(value, like):
 
 def _elu_floor(t):
     """``common.elu_saturated_y`` for the data of tensor ``t``, as a compute-type scalar."""
-    return _scalar(common.elu_saturated_y(codecs.epsneg(t.dtype)), _np(t))
+    return _elu_floor_of(t.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _elu_floor_of(dtype):
+    """:func:`_elu_floor` of a (torch) ``dtype``: computed once per dtype, not per call."""
+    floor = common.elu_saturated_y(codecs.epsneg(dtype))
+    return np.float64(floor) if dtype == torch.float64 else np.float32(floor)
 
 
 def moments(x):
