@@ -26,6 +26,11 @@ for the layer and the composite alike. The contenders (:class:`Contenders`):
   training mode (batch statistics), on a buffer refilled from the source before every run;
 * ``copy``: ``dst.copy_(src)`` of one tensor of the same shape (one read and one write), the
   unit of memory traffic;
+* ``python_function_floor``: forward + backward of an in-place autograd function that does
+  nothing (:class:`InPlaceIdentity`), on the same input and gradient as the layer: the fixed
+  cost that any layer written as a Python autograd function pays on top of its kernels (the
+  composite's backward runs in C++ autograd nodes), which bounds how small a tensor the layer
+  can beat the composite on;
 
 and, in the same rounds, the kernel passes of the per-pass profile (:data:`PASSES`): the custom
 operators of :mod:`layers.ops` alone, on the canonical ``(N, C, H*W)`` views of tensors of the
@@ -45,6 +50,8 @@ A row of the artifact: ``shape``, ``dtype``, ``tensor_bytes``;
   the output and the incoming gradient (1 copy), then reads both again and writes the outgoing
   gradient (1.5 copies);
 * ``forward_over_copy``: ``InPlaceABN`` forward / copy;
+* ``python_floor_over_composite``: ``python_function_floor`` / composite forward + backward
+  (from 1 up, no Python autograd function can be as fast as the composite);
 
 ``goals`` (ratio -> ``value``, ``comparison`` (``>=`` or ``<=``), ``threshold``, ``met``): the
 speed goals of the row's shape (:data:`SHAPE_GOALS`); ``profile`` (pass -> ``operator``, its
@@ -65,6 +72,7 @@ from pathlib import Path
 import numba
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 from tqdm import tqdm
 
 from layers import InPlaceABN, ops
@@ -227,6 +235,31 @@ class HandOver(torch.autograd.Function):
         return ctx.box.pop(), None
 
 
+class InPlaceIdentity(torch.autograd.Function):
+    """The least an in-place layer written as a Python autograd function does: it marks its
+    input dirty, saves it and returns it; its backward returns the incoming gradient (and no
+    parameter gradient)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(x)
+        return x
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        ctx.saved_tensors  # unpacked, as a layer's backward does (autograd checks versions)
+        return grad
+
+
+class PythonFunctionFloor(torch.nn.Module):
+    """:class:`InPlaceIdentity` as a module (no parameters), timed like the layers."""
+
+    def forward(self, x):
+        return InPlaceIdentity.apply(x)
+
+
 class Contenders:
     """The timed operations on one input ``src`` and incoming gradient ``grad``, for
     :func:`experiments.measure.timing.time_interleaved`: this benchmark and the GPU self-check
@@ -245,6 +278,7 @@ class Contenders:
                                         **options).train()
                     for variant in ("I", "II")}
         self.composite = CompositeBatchNormAct(channels, options)
+        self.floor = PythonFunctionFloor()
         self.src, self.grad = src, grad
         # Source of the fresh non-leaf inputs of the fwd+bwd runs: x = base.clone() is what an
         # in-place layer accepts (a leaf that requires grad is refused).
@@ -333,11 +367,13 @@ def _timed(shape, dtype, device):
            "inplace_abn_fwd_bwd_II": c.fwd_bwd(c.abn["II"]),
            "composite_fwd_bwd": c.fwd_bwd(c.composite),
            "inplace_abn_fwd_I": c.forward,
-           "copy": c.copy}
+           "copy": c.copy,
+           "python_function_floor": c.fwd_bwd(c.floor)}
     setups = {"inplace_abn_fwd_bwd_I": c.fresh_input(c.abn["I"]),
               "inplace_abn_fwd_bwd_II": c.fresh_input(c.abn["II"]),
               "composite_fwd_bwd": c.fresh_input(c.composite),
-              "inplace_abn_fwd_I": c.refill}
+              "inplace_abn_fwd_I": c.refill,
+              "python_function_floor": c.fresh_input(c.floor)}
     pass_fns, pass_setups = c.passes()
     return {**fns, **pass_fns}, {**setups, **pass_setups}
 
@@ -351,6 +387,8 @@ def ratios(results):
         "fwd_bwd_over_traffic_floor": (median["inplace_abn_fwd_bwd_II"]
                                        / (TRAFFIC_FLOOR_COPIES * median["copy"])),
         "forward_over_copy": median["inplace_abn_fwd_I"] / median["copy"],
+        "python_floor_over_composite": (median["python_function_floor"]
+                                        / median["composite_fwd_bwd"]),
     }
 
 

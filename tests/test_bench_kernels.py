@@ -18,7 +18,7 @@ from experiments.measure.timing import time_callable
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 MEASUREMENTS = ("inplace_abn_fwd_bwd_I", "inplace_abn_fwd_bwd_II", "composite_fwd_bwd",
-                "inplace_abn_fwd_I", "copy")
+                "inplace_abn_fwd_I", "copy", "python_function_floor")
 ENVIRONMENT_KEYS = ("python", "torch", "numba", "platform", "processor", "cpu_count", "threads",
                     "device", "device_name", "git_commit", "date_utc")
 
@@ -113,10 +113,12 @@ def _results(**medians_ms):
 
 def test_ratios_come_from_the_medians():
     results = _results(inplace_abn_fwd_bwd_I=5.0, inplace_abn_fwd_bwd_II=4.0,
-                       composite_fwd_bwd=20.0, inplace_abn_fwd_I=1.2, copy=1.0)
+                       composite_fwd_bwd=20.0, inplace_abn_fwd_I=1.2, copy=1.0,
+                       python_function_floor=3.0)
     assert bench_kernels.ratios(results) == pytest.approx({
         "speedup_vs_composite": 5.0, "speedup_vs_composite_I": 4.0,
-        "fwd_bwd_over_traffic_floor": 4.0 / 3.5, "forward_over_copy": 1.2})
+        "fwd_bwd_over_traffic_floor": 4.0 / 3.5, "forward_over_copy": 1.2,
+        "python_floor_over_composite": 0.15})
 
 
 @pytest.mark.parametrize("shape, speedup_goal, traffic_goals", [
@@ -158,6 +160,19 @@ def test_fwd_bwd_hands_the_incoming_gradient_over_as_a_network_does(monkeypatch)
     assert torch.equal(c.grad, untouched)  # the fixed gradient itself: only copies are handed
 
 
+def test_python_function_floor_is_an_in_place_identity():
+    """The floor contender does what an in-place layer's autograd function must, and nothing
+    more: it returns its input's storage, versioned, and passes the gradient through."""
+    base = torch.randn(2, 3, 4, 4, requires_grad=True)
+    x = base * 2
+    version = x._version
+    out = bench_kernels.PythonFunctionFloor()(x)
+    assert out.data_ptr() == x.data_ptr() and x._version > version  # mark_dirty bumps it
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    torch.testing.assert_close(base.grad, grad * 2, rtol=0, atol=0)
+
+
 def test_claims_report_lists_every_goal_of_every_run(tmp_path):
     from experiments.report import claims
 
@@ -175,14 +190,20 @@ def test_claims_report_lists_every_goal_of_every_run(tmp_path):
     assert "No kernel benchmark yet." in claims.speed_goals(tmp_path / "none")
 
 
-def _sweep_report(speedups_by_dtype, family=(64, 28, 28)):
+def _sweep_report(speedups_by_dtype, family=(64, 28, 28), floor=None):
     """A report with one row per (dtype, batch) of ``speedups_by_dtype`` ({dtype: {batch:
-    speedup}}), all of one ``family`` of channels and maps."""
+    speedup}}), all of one ``family`` of channels and maps; ``floor(batch)``: the row's
+    ``python_floor_over_composite`` (``None``: an artifact that did not time it)."""
     itemsize = {"float32": 4, "bfloat16": 2}
+
+    def ratios(batch, speedup):
+        extra = {} if floor is None else {"python_floor_over_composite": floor(batch)}
+        return {"speedup_vs_composite": speedup, **extra}
+
     return {"machine": "a CPU", "threads": 2, "rows": [
         {"shape": [batch, *family], "dtype": dtype,
          "tensor_bytes": batch * math.prod(family) * itemsize[dtype],
-         "ratios": {"speedup_vs_composite": speedup},
+         "ratios": ratios(batch, speedup),
          "goals": bench_kernels.goals((batch, *family), {"speedup_vs_composite": speedup})}
         for dtype, by_batch in speedups_by_dtype.items() for batch, speedup in by_batch.items()]}
 
@@ -205,6 +226,11 @@ def test_crossover_lies_between_the_last_slower_and_the_first_faster_size():
     never = report_bench.crossover(_sweep_report({"float32": {2: 0.3, 4: 0.9},
                                                   "bfloat16": {2: 1.1, 4: 1.3}})).iloc[0]
     assert never["slower_up_to"] == "4x64x28x28 (0.80 MB)" and never["faster_from"] is None
+    assert always["python_floor_at_smallest"] is None  # not timed
+    # The floor's share at the smallest measured size, whatever the rows' order.
+    timed = report_bench.crossover(_sweep_report({"float32": {8: 1.2, 2: 0.5, 4: 0.8}},
+                                                 floor=lambda batch: 1.0 / batch)).iloc[0]
+    assert timed["python_floor_at_smallest"] == pytest.approx(0.5)
     # A shape measured at one batch size only has no crossover.
     assert report_bench.crossover(_sweep_report({"float32": {8: 0.5}})).empty
 
@@ -214,13 +240,18 @@ def test_claims_report_states_the_crossover(tmp_path):
 
     write_json_atomic(tmp_path / "bench_kernels" / "smoke-cpu.json",
                       _sweep_report({"bfloat16": {2: 0.5, 4: 1.2},
-                                     "float32": {2: 0.5, 4: 0.9}}))
+                                     "float32": {2: 0.5, 4: 0.9}}, floor=lambda batch: 0.6))
     lines = claims.speed_goals(tmp_path)
     assert "| smoke-cpu | bfloat16 | 64x28x28 | 2 | 2x64x28x28 (0.20 MB) | " \
-           "4x64x28x28 (0.40 MB) |" in lines
+           "4x64x28x28 (0.40 MB) | 0.60 |" in lines
     # Never as fast, beside a dtype that is: said so, not "nan".
-    assert "| smoke-cpu | float32 | 64x28x28 | 2 | 4x64x28x28 (0.80 MB) | none measured |" \
-        in lines
+    assert "| smoke-cpu | float32 | 64x28x28 | 2 | 4x64x28x28 (0.80 MB) | none measured | " \
+           "0.60 |" in lines
+    untimed = tmp_path / "untimed"
+    write_json_atomic(untimed / "bench_kernels" / "smoke-cpu.json",
+                      _sweep_report({"bfloat16": {2: 0.5, 4: 1.2}}))
+    assert "| smoke-cpu | bfloat16 | 64x28x28 | 2 | 2x64x28x28 (0.20 MB) | " \
+           "4x64x28x28 (0.40 MB) | not timed |" in claims.speed_goals(untimed)
     single = tmp_path / "single"
     write_json_atomic(single / "bench_kernels" / "smoke-cpu.json",
                       _sweep_report({"bfloat16": {2: 0.5}}))

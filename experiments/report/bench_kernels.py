@@ -14,7 +14,8 @@ MS = 1e3
 #: The contenders the table shows, and their columns.
 TIMES = {"inplace_abn_fwd_bwd_II": "InPlace-ABN II fwd+bwd (ms)",
          "composite_fwd_bwd": "BN + leaky ReLU fwd+bwd (ms)",
-         "inplace_abn_fwd_I": "InPlace-ABN fwd (ms)", "copy": "copy (ms)"}
+         "inplace_abn_fwd_I": "InPlace-ABN fwd (ms)", "copy": "copy (ms)",
+         "python_function_floor": "empty Python autograd function fwd+bwd (ms)"}
 
 
 def runs(root):
@@ -60,7 +61,7 @@ def table(report):
     for row in report["rows"]:
         record = {"shape": _shape(row), "dtype": row["dtype"]}
         record.update({column: row["results"][name]["median_s"] * MS
-                       for name, column in TIMES.items()})
+                       for name, column in TIMES.items() if name in row["results"]})
         record.update(row["ratios"])
         record["goals met"] = f"{sum(g['met'] for g in row['goals'].values())}/{len(row['goals'])}"
         record.update({f"{name} / copy": p["over_copy"] for name, p in row["profile"].items()})
@@ -70,12 +71,14 @@ def table(report):
 
 def speedups(report):
     """One row per shape and dtype: ``shape``, ``dtype``, ``family`` (``"CxHxW"``: the shape
-    without its batch size), ``batch``, ``tensor_mb`` (the tensor's size, MB) and
-    ``speedup`` (``speedup_vs_composite``), for the crossover figure."""
+    without its batch size), ``batch``, ``tensor_mb`` (the tensor's size, MB), ``speedup``
+    (``speedup_vs_composite``) and ``python_floor`` (``python_floor_over_composite``; ``None``
+    in an artifact that did not time it), for the crossover figure."""
     return pd.DataFrame([{"shape": _shape(row), "dtype": row["dtype"],
                           "family": "x".join(map(str, row["shape"][1:])),
                           "batch": row["shape"][0], "tensor_mb": row["tensor_bytes"] / 1e6,
-                          "speedup": row["ratios"]["speedup_vs_composite"]}
+                          "speedup": row["ratios"]["speedup_vs_composite"],
+                          "python_floor": row["ratios"].get("python_floor_over_composite")}
                          for row in report["rows"]])
 
 
@@ -90,9 +93,12 @@ def crossover(report):
     One row per dtype and family: ``dtype``, ``family``, ``sizes`` (how many were measured),
     ``slower_up_to`` (the largest measured shape at which the composite is faster, with its
     size; ``None``: none is) and ``faster_from`` (the smallest measured shape from which
-    ``InPlaceABN`` is at least as fast at every larger one; ``None``: not even the largest).
-    The crossover lies between the two; a family whose speedup goes below 1 again at a larger
-    size has its ``slower_up_to`` above its first fast size, which the row shows as it is.
+    ``InPlaceABN`` is at least as fast at every larger one; ``None``: not even the largest)
+    and ``python_floor_at_smallest`` (``python_floor_over_composite`` at the smallest measured
+    size: the share of the composite's time that an in-place Python autograd function doing
+    nothing takes; ``None`` where not timed). The crossover lies between the two shapes; a
+    family whose speedup goes below 1 again at a larger size has its ``slower_up_to`` above its
+    first fast size, which the row shows as it is.
     """
     points = speedups(report)
     records = []
@@ -105,12 +111,15 @@ def crossover(report):
         faster = (rows if last_slow is None
                   else rows[rows["tensor_mb"] > last_slow["tensor_mb"]])
         first_fast = None if faster.empty else faster.iloc[0]
+        floor = rows.iloc[0]["python_floor"]
         records.append({"dtype": dtype, "family": family, "sizes": len(rows),
                         "slower_up_to": _shape_and_size(last_slow),
-                        "faster_from": _shape_and_size(first_fast)})
+                        "faster_from": _shape_and_size(first_fast),
+                        "python_floor_at_smallest": None if pd.isna(floor) else float(floor)})
     # object columns: a missing shape stays None beside strings (a string column makes it NaN)
     frame = pd.DataFrame(records, columns=["dtype", "family", "sizes", "slower_up_to",
-                                           "faster_from"], dtype=object)
+                                           "faster_from", "python_floor_at_smallest"],
+                         dtype=object)
     return frame.astype({"sizes": int})
 
 

@@ -618,19 +618,25 @@ def crossover_lines(artifacts, found):
     the sizes between which InPlace-ABN overtakes the composite
     (:func:`experiments.report.bench_kernels.crossover`)."""
     header = ["run", "dtype", "shapes (C x H x W)", "sizes", "composite faster up to",
-              "InPlace-ABN at least as fast from"]
+              "InPlace-ABN at least as fast from",
+              "empty Python autograd function / composite, smallest size"]
     rows = []
     for run in found:
         for point in bench_kernels.crossover(bench_kernels.load(run, artifacts)).itertuples():
+            floor = point.python_floor_at_smallest
             rows.append([run, point.dtype, point.family, point.sizes,
                          point.slower_up_to or "none measured",
-                         point.faster_from or "none measured"])
+                         point.faster_from or "none measured",
+                         "not timed" if floor is None else f"{floor:.2f}"])
     if not rows:
         return []
     lines = ["", "The crossover: the same channels and maps at several batch sizes (figure: "
              "the last panel of `figures/<run>/bench_kernels.png`). Below it the fixed cost of "
-             "a call (the layer's Python and per-channel steps, the custom operators' dispatch, "
-             "waking numba's thread pool) outweighs the memory traffic saved.", "",
+             "a call (the layer's Python, its per-channel steps and autograd function, waking "
+             "numba's thread pool) outweighs the memory traffic saved. The last column is the "
+             "time of an in-place Python autograd function that does nothing, forward + "
+             "backward, over the composite's: the part of the composite's time that the layer "
+             "spends before any kernel runs.", "",
              "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return lines + ["| " + " | ".join(_escape(c) for c in cells) + " |" for cells in rows]
 
