@@ -45,8 +45,8 @@ Every kernel call goes through the custom operators of :mod:`layers.ops`, whose 
 implementations let these functions run on ``FakeTensorMode`` and ``meta`` tensors (shapes
 only) and under ``torch.compile(fullgraph=True)``; the value checks that need data (the
 ``scale_mode="bn"`` check above) are skipped on tensors without values. The per-channel
-arithmetic around the kernels runs in numpy where the CPU kernels run eagerly, else in torch
-(:func:`per_channel_library`): one source for both.
+arithmetic around the kernels (:mod:`layers.kernels.per_channel`) runs as compiled loops where
+the CPU kernels run eagerly, else as torch operators (:func:`host_steps`).
 """
 import dataclasses
 import math
@@ -61,7 +61,7 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import distributed, ops
-from .kernels import backend, codecs, common, host_kernels
+from .kernels import backend, codecs, common, host_kernels, per_channel
 
 #: Activations of ``abn``; name -> (kernel code, default parameter).
 ACTIVATIONS = {
@@ -363,80 +363,41 @@ def _empty_like_layout(x, layout):
 
 # --------------------------------------------------------------------------- per-channel steps
 # The per-channel arithmetic around the kernels (scale and shift, statistics, running averages,
-# the backward's coefficients) is written once for two array libraries: torch, and numpy where
-# the CPU kernels run eagerly. There it is a few dozen operations on vectors of C float64
-# values per layer and step, each costing a torch operator's fixed overhead (2-4 us on a laptop
-# core) but a fraction of that in numpy; on small tensors that overhead outweighed the kernels.
-# The vectors are numpy views of the tensors (no copy) and go back to torch at the boundaries.
-_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+# the backward's coefficients) is that of :mod:`layers.kernels.per_channel`, run one of two
+# ways: as torch operators on vectors of C values, or, where the CPU kernels run eagerly, as
+# one compiled loop over the channels per step (``layers.kernels.cpu.channel_*``). A torch
+# operator on a few dozen values costs 2-4 us on a laptop core; on small tensors the two dozen
+# of them cost more than the kernels.
+_HOST_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 
 
-def per_channel_library(x, group=None, flag=None, vectors=()):
-    """``numpy`` where the per-channel steps of a call on ``x`` run on host arrays, else
-    ``torch``.
+def host_steps(x, group=None, flag=None, vectors=()):
+    """Whether the per-channel steps of a call on ``x`` run as compiled CPU loops.
 
-    numpy where ``x`` is a plain eager tensor that runs the CPU kernels (not fake, not on
+    They do where ``x`` is a plain eager tensor that runs the CPU kernels (not fake, not on
     ``meta``, not under ``torch.compile`` or a ``TorchDispatchMode``), no ``group`` is
     synchronised, no device ``flag`` (``skip``, ``poison``) is set and each of the per-channel
-    ``vectors`` (weight, bias, running statistics) is ``None`` or float32/float64 (numpy has no
-    16-bit bfloat type).
+    ``vectors`` (weight, bias, running statistics) is ``None`` or float32/float64; elsewhere
+    they are torch operators.
     """
     if (flag is not None or type(x) is not torch.Tensor  # noqa: E721 (fake: a subclass)
             or not host_kernels(x) or torch.compiler.is_compiling()
             or is_in_torch_dispatch_mode() or distributed.active(group)):
-        return torch
-    if any(v is not None and v.dtype not in _NUMPY_DTYPES for v in vectors):
-        return torch
-    return np
+        return False
+    return all(v is None or v.dtype in _HOST_DTYPES for v in vectors)
 
 
-def _to_library(xp, tensor):
-    """``tensor`` (a per-channel tensor) in ``xp``: a numpy view of it, or itself."""
-    return tensor.detach().numpy() if xp is np else tensor
-
-
-def _as_tensor(array):
-    """A per-channel vector or state as a tensor (a numpy array's memory, shared)."""
-    return torch.from_numpy(array) if isinstance(array, np.ndarray) else array
-
-
-def _cast(xp, array, dtype):
-    """``array`` converted to the torch ``dtype``: for numpy arrays its numpy twin, or a tensor
-    for a dtype numpy lacks (a 16-bit parameter's gradient)."""
-    if xp is not np:
-        return array.to(dtype)
-    if dtype in _NUMPY_DTYPES:
-        return array.astype(_NUMPY_DTYPES[dtype])
-    return torch.from_numpy(array).to(dtype)
-
-
-def _float64(xp, tensor):
-    """A float64 copy of a per-channel tensor (a parameter or a running statistic) in ``xp``."""
-    if xp is np:
-        return tensor.detach().numpy().astype(np.float64)
-    return tensor.detach().double()
-
-
-def _filled(xp, value, channels, like):
-    """``channels`` float64 values ``value`` in ``xp`` (on ``like``'s device for torch)."""
-    if xp is np:
-        return np.full(channels, value, dtype=np.float64)
-    return torch.full((channels,), value, dtype=torch.float64, device=like.device)
-
-
-def scale_and_shift(weight, bias, channels, eps, scale_mode, like, xp=torch):
-    """Per-channel ``gamma``, ``beta`` and ``d gamma / d weight`` (float64, in ``xp``)."""
+def scale_and_shift(weight, bias, channels, eps, scale_mode, like):
+    """Per-channel ``gamma``, ``beta`` and ``d gamma / d weight`` (float64 tensors)."""
+    options = dict(dtype=torch.float64, device=like.device)
     if weight is None:
-        gamma = _filled(xp, 1.0, channels, like)
-        dgamma_dweight = _filled(xp, 0.0, channels, like)
-    elif scale_mode == "abs":
-        w = _float64(xp, weight)
-        gamma = abs(w) + eps
-        dgamma_dweight = xp.sign(w)
+        gamma = torch.ones(channels, **options)
+        dgamma_dweight = torch.zeros(channels, **options)
     else:
-        gamma = _float64(xp, weight)
-        dgamma_dweight = _filled(xp, 1.0, channels, like)
-    beta = _filled(xp, 0.0, channels, like) if bias is None else _float64(xp, bias)
+        w = weight.detach().double()
+        gamma = per_channel.scale(w, eps, scale_mode == "abs")
+        dgamma_dweight = per_channel.scale_derivative(w, scale_mode == "abs")
+    beta = torch.zeros(channels, **options) if bias is None else bias.detach().double()
     return gamma, beta, dgamma_dweight
 
 
@@ -449,29 +410,23 @@ def _check_count(count, view):
         )
 
 
-def _batch_statistics(xp, mean, m2, count, running_mean, running_var, momentum, eps,
-                      skip=None):
-    """``rstd`` of the batch; updates the running statistics as ``nn.BatchNorm2d`` does.
+def _batch_statistics(mean, m2, count, running_mean, running_var, momentum, eps, skip=None):
+    """``rstd`` of the batch; updates the running statistics as ``nn.BatchNorm2d`` does
+    (torch operators).
 
-    ``mean``, ``m2`` and the result are in ``xp``. ``skip`` (torch only): ``None`` or a
-    ``(1,)`` bool device flag; where it is set the update is a no-op.
+    ``skip``: ``None`` or a ``(1,)`` bool device flag; where it is set the update is a no-op.
     """
     if running_mean is not None:
-        unbiased = m2 / max(count - 1, 1)
-        for running, batch in ((running_mean, mean), (running_var, unbiased)):
-            if xp is np:
-                held = running.detach().numpy()  # the buffer's memory: updated in place
-                held *= 1 - momentum
-                held += momentum * batch.astype(held.dtype)
-                continue
-            with torch.no_grad():
-                batch = batch.to(running.dtype)
+        with torch.no_grad():
+            for running, batch in ((running_mean, mean),
+                                   (running_var, per_channel.unbiased_variance(m2, count))):
+                updated = per_channel.running_average(running, batch.to(running.dtype),
+                                                       momentum)
                 if skip is None:
-                    running.mul_(1 - momentum).add_(batch, alpha=momentum)
+                    running.copy_(updated)
                 else:
-                    updated = running.mul(1 - momentum).add_(batch, alpha=momentum)
                     torch.where(skip, running, updated, out=running)
-    return 1.0 / xp.sqrt(m2 / count + eps)
+    return per_channel.batch_rstd(m2, count, eps)
 
 
 def normalize_activate_into(x, out, weight, bias, running_mean, running_var, training, momentum,
@@ -486,27 +441,40 @@ def normalize_activate_into(x, out, weight, bias, running_mean, running_var, tra
     only): a ``(1,)`` bool device flag; where it is set, neither ``out`` nor the running
     statistics are written.
     """
-    xp = per_channel_library(x, group, skip, (weight, bias, running_mean, running_var))
+    host = host_steps(x, group, skip, (weight, bias, running_mean, running_var))
     layout = _layout(x) or "ncs"  # any other layout runs on a contiguous copy
     view = _view(x, layout)
     out_view = view if out is x else _view(out, layout)
     channels = x.shape[1]
     count = view.numel() // channels
-    gamma, beta, dgamma_dweight = scale_and_shift(weight, bias, channels, eps, scale_mode, x, xp)
+    if host:
+        state = np.empty((6, channels))
+        kernels_cpu = backend(x)
+        kernels_cpu.channel_scale(weight, bias, eps, scale_mode == "abs", state)
+        gamma, beta = torch.from_numpy(state[0]), torch.from_numpy(state[1])
+    else:
+        gamma, beta, dgamma_dweight = scale_and_shift(weight, bias, channels, eps, scale_mode,
+                                                      x)
     if not training:
-        mean = _float64(xp, running_mean)
-        rstd = 1.0 / xp.sqrt(_float64(xp, running_var) + eps)
+        if host:
+            kernels_cpu.channel_running_statistics(running_mean, running_var, count, eps, state)
+        else:
+            mean = running_mean.double()
+            rstd = per_channel.batch_rstd(running_var.double(), 1, eps)
         applied = False
     elif not distributed.active(group):  # statistics and output in one pass over the input
         _check_count(count, view)
-        scale, shift = _as_tensor(gamma), _as_tensor(beta)
         if out_view is view:
-            stats = ops.moments_normalize_act_(view, scale, shift, eps, act, slope, skip)
+            stats = ops.moments_normalize_act_(view, gamma, beta, eps, act, slope, skip)
         else:
-            stats = ops.moments_normalize_act_out(view, out_view, scale, shift, eps, act, slope)
-        mean, m2 = _to_library(xp, stats)
-        rstd = _batch_statistics(xp, mean, m2, count, running_mean, running_var, momentum, eps,
-                                 skip)
+            stats = ops.moments_normalize_act_out(view, out_view, gamma, beta, eps, act, slope)
+        if host:
+            kernels_cpu.channel_batch_statistics(stats.numpy(), count, eps, momentum,
+                                                 running_mean, running_var, state)
+        else:
+            mean, m2 = stats
+            rstd = _batch_statistics(mean, m2, count, running_mean, running_var, momentum, eps,
+                                     skip)
         applied = True
     else:
         # A rank of a synchronised layer may hold no element at all: it contributes nothing.
@@ -514,11 +482,14 @@ def normalize_activate_into(x, out, weight, bias, running_mean, running_var, tra
                    torch.zeros(2, channels, dtype=torch.float64, device=view.device))
         mean, m2, count = distributed.combine_moments(moments, count, group)
         _check_count(count, view)  # the same global count on every rank: all raise together
-        rstd = _batch_statistics(xp, mean, m2, count, running_mean, running_var, momentum, eps,
+        rstd = _batch_statistics(mean, m2, count, running_mean, running_var, momentum, eps,
                                  skip)
         applied = False
-    counts = xp.full_like(mean, float(count))
-    channel = _as_tensor(xp.stack([gamma, beta, dgamma_dweight, mean, rstd, counts]))
+    if host:
+        channel = torch.from_numpy(state)
+    else:
+        counts = torch.full_like(mean, float(count))
+        channel = torch.stack([gamma, beta, dgamma_dweight, mean, rstd, counts])
     if not applied:
         _apply(view, out_view, channel, act, slope, skip)
     _write_back(out, out_view, layout)
@@ -541,12 +512,11 @@ def reapply_into(x, out, channel, act, slope):
 def _apply(view, out_view, channel, act, slope, skip=None):
     """``out = act(gamma * (x - mean) * rstd + beta)`` on canonical views (``skip``: that of
     :func:`normalize_activate_into`, in place only)."""
-    xp = per_channel_library(view, flag=skip)
-    gamma, beta, _, mean, rstd, _ = _to_library(xp, channel)
+    gamma, beta, _, mean, rstd, _ = channel
     compute = codecs.compute_dtype(view.dtype)
     a = gamma * rstd
-    b = _as_tensor(_cast(xp, beta - mean * a, compute))
-    a = _as_tensor(_cast(xp, a, compute))
+    b = (beta - mean * a).to(compute)
+    a = a.to(compute)
     if out_view is view:
         ops.scale_shift_act_(view, a, b, act, slope, skip)
     else:
@@ -559,30 +529,20 @@ def _write_back(out, out_view, layout):
         out.copy_(_unview(out_view, layout, out.shape))
 
 
-def _input_gradient_coefficients(xp, channel, sums, training, variant_y):
-    """Per-channel ``(k0, k1, k2)`` of ``dx = dy * k0 + v * k1 + k2`` (float64, (3, C), in
-    ``xp``).
+def _input_gradient_coefficients(channel, sums, training, variant_y):
+    """Per-channel ``(k0, k1, k2)`` of ``dx = dy * k0 + v * k1 + k2`` (float64, (3, C)).
 
     ``sums`` are the global ``[sum dy, sum dy*v]``. With ``variant_y`` the value ``v`` is
     ``y`` (InPlace-ABN II), else ``x_hat`` (InPlace-ABN I and ABN).
     """
     gamma, beta, _, _, rstd, count = channel
-    k0 = gamma * rstd
     if not training:  # running statistics do not depend on x
-        zeros = xp.zeros_like(k0)
-        return xp.stack([k0, zeros, zeros])
+        k0 = gamma * rstd
+        zeros = torch.zeros_like(k0)
+        return torch.stack([k0, zeros, zeros])
     sum_dy, sum_dy_v = sums
-    if variant_y:
-        # dx = [dy - dgamma * y / (gamma m) - (dbeta - beta / gamma * dgamma) / m] gamma rstd.
-        # (§3.3 prints "+ beta / gamma"; substituting x_hat = (y - beta) / gamma into the
-        # variant-I formula gives "-", which the float64 tests against autograd confirm.)
-        dgamma = (sum_dy_v - beta * sum_dy) / gamma
-        k1 = -dgamma * rstd / count
-        k2 = -(sum_dy - beta / gamma * dgamma) / count * k0
-    else:
-        k1 = -sum_dy_v / count * k0
-        k2 = -sum_dy / count * k0
-    return xp.stack([k0, k1, k2])
+    return torch.stack(per_channel.input_gradient_coefficients(gamma, beta, rstd, count, sum_dy,
+                                                               sum_dy_v, variant_y))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -626,43 +586,59 @@ def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True, poison
     gradient is NaN (a forward refused on the device left ``z`` unwritten), without a host
     synchronisation.
     """
-    xp = per_channel_library(z, spec.group, poison)
-    state = _to_library(xp, channel)
-    gamma, beta, dgamma_dweight, mean, rstd, _ = state
+    host = host_steps(z, spec.group, poison) and spec.param_dtype in _HOST_DTYPES
     layout = _layout(z) or "ncs"
     z_view, dz_view = _view(z, layout), _view(dz, layout)
     reuse_dz = dz_owned or not _is_in(dz, layout)  # owned, or a copy made here
     x_view = None if x is None else _view(x, layout)
-    if spec.mode == common.MODE_XHAT_FROM_X:
-        p, q = rstd, -mean * rstd
-    else:  # v recovered from z; p, q only used by variant I
-        p, q = 1.0 / gamma, -beta / gamma
     compute = codecs.compute_dtype(z.dtype)
-    p, q = _as_tensor(_cast(xp, p, compute)), _as_tensor(_cast(xp, q, compute))
-    local = _to_library(xp, ops.backward_reduce(z_view, dz_view, x_view, p, q, spec.act,
-                                                spec.slope, spec.mode))
-    if poison is not None:
-        local = torch.where(poison, math.nan, local)
+    from_x = spec.mode == common.MODE_XHAT_FROM_X
     variant_y = spec.mode == common.MODE_Y
+    if host:
+        kernels_cpu, state = backend(z), channel.numpy()
+        pq = np.empty((2, z.shape[1]), _HOST_DTYPES[compute])
+        kernels_cpu.channel_value_coefficients(state, from_x, pq)
+        p, q = torch.from_numpy(pq[0]), torch.from_numpy(pq[1])
+    else:
+        gamma, beta, dgamma_dweight, mean, rstd, _ = channel
+        if from_x:
+            p, q = rstd, -mean * rstd
+        else:  # v recovered from z; p, q only used by variant I
+            p, q = 1.0 / gamma, -beta / gamma
+        p, q = p.to(compute), q.to(compute)
+    local = ops.backward_reduce(z_view, dz_view, x_view, p, q, spec.act, spec.slope, spec.mode)
+    if host:  # no group: the local sums are the global ones
+        coef = np.empty((3, z.shape[1]), pq.dtype) if input_grad else None
+        param = _HOST_DTYPES[spec.param_dtype]
+        dweight = np.empty(z.shape[1], param) if spec.has_weight else None
+        dbias = np.empty(z.shape[1], param) if spec.has_bias else None
+        kernels_cpu.channel_gradients(state, local.numpy(), spec.training, variant_y, coef,
+                                      dweight, dbias)
+        coef, dweight, dbias = (None if a is None else torch.from_numpy(a)
+                                for a in (coef, dweight, dbias))
+    else:
+        if poison is not None:
+            local = torch.where(poison, math.nan, local)
+        coef = None
+        if input_grad:
+            sums = (distributed.all_reduce_sum(local.clone(), spec.group) if spec.training
+                    else local)
+            coef = _input_gradient_coefficients(channel, sums, spec.training, variant_y)
+            if poison is not None:  # dx = dy * k0 + v * k1 + k2: NaN wherever the k are
+                coef = torch.where(poison, math.nan, coef)
+            coef = coef.to(compute)
+        dgamma = per_channel.scale_gradient(gamma, beta, local[0], local[1], variant_y)
+        dweight = (dgamma * dgamma_dweight).to(spec.param_dtype) if spec.has_weight else None
+        dbias = local[0].to(spec.param_dtype) if spec.has_bias else None
     dx = None
     if input_grad:
-        sums = (distributed.all_reduce_sum(local.clone(), spec.group)
-                if spec.training and xp is torch else local)  # numpy: no group
-        coef = _input_gradient_coefficients(xp, state, sums, spec.training, variant_y)
-        if poison is not None:  # dx = dy * k0 + v * k1 + k2: NaN wherever the k are
-            coef = torch.where(poison, math.nan, coef)
-        args = (z_view, dz_view, x_view, p, q, _as_tensor(_cast(xp, coef, compute)), spec.act,
-                spec.slope, spec.mode)
+        args = (z_view, dz_view, x_view, p, q, coef, spec.act, spec.slope, spec.mode)
         if reuse_dz:
             ops.backward_input_(*args)
             dx_view = dz_view
         else:
             dx_view = ops.backward_input(*args)
         dx = _unview(dx_view, layout, z.shape)
-    dgamma = (local[1] - beta * local[0]) / gamma if variant_y else local[1]
-    dweight = (_as_tensor(_cast(xp, dgamma * dgamma_dweight, spec.param_dtype))
-               if spec.has_weight else None)
-    dbias = _as_tensor(_cast(xp, local[0], spec.param_dtype)) if spec.has_bias else None
     return dx, dweight, dbias
 
 

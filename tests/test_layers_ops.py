@@ -194,8 +194,8 @@ def test_compiled_resnext_block_with_inplace_abn_matches_eager():
 # --------------------------------------------------------------------------- eager calls
 class _PassThrough(torch.utils._python_dispatch.TorchDispatchMode):
     """A dispatch mode that changes nothing: under it the operators run through the
-    dispatcher and the per-channel steps in torch (:func:`layers.functional
-    .per_channel_library`), the path taken under fake tensors, ``meta`` and the CUDA kernels."""
+    dispatcher and the per-channel steps as torch operators (:func:`layers.functional
+    .host_steps`), the path taken under fake tensors, ``meta`` and the CUDA kernels."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))
@@ -228,9 +228,10 @@ def test_overwriting_a_tensor_saved_by_another_operation_is_caught_by_autograd()
 @pytest.mark.parametrize("cls,variant", [(InPlaceABN, "I"), (InPlaceABN, "II"), (ABN, None)])
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_numpy_per_channel_steps_equal_the_torch_ones(cls, variant, training, layout):
-    """The per-channel arithmetic in numpy (eager CPU kernels) against the same formulas in
-    torch (under a pass-through dispatch mode): output, gradients and running statistics, in
+def test_compiled_per_channel_steps_equal_the_torch_ones(cls, variant, training, layout):
+    """The per-channel arithmetic as compiled loops (eager CPU kernels) against the same
+    formulas as torch operators (under a pass-through dispatch mode): output, gradients and
+    running statistics, in
     float64 and float32 (a float32 layer's parameters, statistics and gradients), scale modes
     ``abs`` and ``bn``."""
     for dtype, scale_mode in ((torch.float64, "abs"), (torch.float32, "bn")):
@@ -259,5 +260,5 @@ def test_numpy_per_channel_steps_equal_the_torch_ones(cls, variant, training, la
                     out.backward(grad)
             results.append([out.detach(), base.grad, copy_.weight.grad, copy_.bias.grad,
                             copy_.running_mean, copy_.running_var])
-        for numpy_path, torch_path in zip(*results):
-            torch.testing.assert_close(numpy_path, torch_path)
+        for compiled, operators in zip(*results):
+            torch.testing.assert_close(compiled, operators)

@@ -13,6 +13,12 @@ Two modules implement one API on the canonical views of :mod:`layers.kernels.com
 Data arrays may hold float64, float32, float16 or bfloat16; per-channel vectors and scalars are
 in the compute dtype (float32 for 16-bit data, see :mod:`layers.kernels.codecs`).
 
+The CPU backend also runs the per-channel arithmetic around these kernels
+(:mod:`layers.kernels.per_channel`) as one compiled loop over the channels per step
+(``channel_scale``, ``channel_batch_statistics``, ``channel_running_statistics``,
+``channel_value_coefficients``, ``channel_gradients``), which :mod:`layers.functional` uses
+where the CPU kernels run eagerly; elsewhere the same formulas run as torch operators.
+
 The CUDA backend's ``forward`` and ``moments_forward`` also take ``skip``, a ``(1,)`` bool
 tensor on the device: while it holds ``True`` they write nothing (``DEVICE_GUARD``), which lets
 :mod:`layers.functional` refuse an in-place forward on the device without a host

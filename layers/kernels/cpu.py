@@ -49,14 +49,14 @@ import torch
 from numba.core import types
 from numba.extending import overload
 
-from . import caching, codecs, common
+from . import caching, codecs, common, per_channel
 from .compose import compose_moments_forward
 from .common import ACT_ELU, ACT_IDENTITY, ACT_LEAKY_RELU, MODE_XHAT_FROM_X, MODE_XHAT_FROM_Y, \
     MODE_Y
 
 #: Source files besides this one whose code the kernels compile: their on-disk cache is keyed
 #: on them too (tests check that every compiled function comes from this file or these).
-DEPENDENCIES = (common.__file__, codecs.__file__)
+DEPENDENCIES = (common.__file__, codecs.__file__, per_channel.__file__)
 
 #: Element reads and writes: 16-bit data converts to float32 in registers (:mod:`.codecs`).
 load, store, compute_empty = codecs.compiled_for_cpu()
@@ -67,6 +67,8 @@ _act_inverse = _jit_scalar(common.act_inverse)
 _act_grad = _jit_scalar(common.act_grad)
 
 _parallel = caching.jit(numba.njit, DEPENDENCIES, parallel=True)
+#: Loops over the channels (a few thousand values at most): no threads to start.
+_serial = caching.jit(numba.njit, DEPENDENCIES)
 # Reassociation lets LLVM vectorise float64 sums; nothing else about IEEE semantics changes.
 _parallel_reduction = caching.jit(numba.njit, DEPENDENCIES, parallel=True,
                                   fastmath={"reassoc", "contract"})
@@ -572,3 +574,114 @@ def backward_input(z, dz, x, p, q, coef, act, slope, mode, out):
         _backward_input_ncs(*args)
     else:
         _backward_input_mc(*args, _chunks(z.shape[0]))
+
+
+# --------------------------------------------------------------------------- per-channel steps
+# The arithmetic around the kernels (:mod:`.per_channel`), one compiled loop over the channels
+# per step instead of a dozen numpy or torch operations on vectors. ``state`` is the (6, C)
+# float64 per-channel state of :func:`layers.functional.normalize_activate_into`: rows
+# ``gamma, beta, dgamma_dweight, mean, rstd, count``.
+_scale = _jit_scalar(per_channel.scale)
+_scale_derivative = _jit_scalar(per_channel.scale_derivative)
+_batch_rstd = _jit_scalar(per_channel.batch_rstd)
+_running_average = _jit_scalar(per_channel.running_average)
+_unbiased_variance = _jit_scalar(per_channel.unbiased_variance)
+_scale_gradient = _jit_scalar(per_channel.scale_gradient)
+_input_gradient_coefficients = _jit_scalar(per_channel.input_gradient_coefficients)
+
+
+@_serial
+def _channel_scale(weight, bias, eps, abs_mode, state):
+    for j in range(state.shape[1]):
+        if weight is None:
+            state[0, j], state[2, j] = 1.0, 0.0
+        else:
+            w = np.float64(weight[j])
+            state[0, j] = _scale(w, eps, abs_mode)
+            state[2, j] = _scale_derivative(w, abs_mode)
+        state[1, j] = 0.0 if bias is None else np.float64(bias[j])
+
+
+@_serial
+def _channel_batch_statistics(moments, count, eps, momentum, running_mean, running_var, state):
+    for j in range(state.shape[1]):
+        mean, m2 = moments[0, j], moments[1, j]
+        state[3, j], state[4, j], state[5, j] = mean, _batch_rstd(m2, count, eps), count
+        if running_mean is not None:
+            running_mean[j] = _running_average(np.float64(running_mean[j]), mean, momentum)
+            running_var[j] = _running_average(np.float64(running_var[j]),
+                                              _unbiased_variance(m2, count), momentum)
+
+
+@_serial
+def _channel_running_statistics(running_mean, running_var, count, eps, state):
+    for j in range(state.shape[1]):
+        state[3, j] = running_mean[j]
+        state[4, j] = _batch_rstd(np.float64(running_var[j]), 1, eps)
+        state[5, j] = count
+
+
+@_serial
+def _channel_value_coefficients(state, from_x, pq):
+    for j in range(state.shape[1]):
+        if from_x:  # v = x_hat = x * rstd - mean * rstd
+            pq[0, j], pq[1, j] = state[4, j], -state[3, j] * state[4, j]
+        else:  # v = x_hat = y / gamma - beta / gamma (used by variant I only)
+            pq[0, j], pq[1, j] = 1.0 / state[0, j], -state[1, j] / state[0, j]
+
+
+@_serial
+def _channel_gradients(state, sums, training, variant_y, coef, dweight, dbias):
+    for j in range(state.shape[1]):
+        gamma, beta, rstd, count = state[0, j], state[1, j], state[4, j], state[5, j]
+        sum_dy, sum_dy_v = sums[0, j], sums[1, j]
+        if coef is not None:
+            if training:
+                k0, k1, k2 = _input_gradient_coefficients(gamma, beta, rstd, count, sum_dy,
+                                                          sum_dy_v, variant_y)
+            else:  # running statistics do not depend on x
+                k0, k1, k2 = gamma * rstd, 0.0, 0.0
+            coef[0, j], coef[1, j], coef[2, j] = k0, k1, k2
+        if dweight is not None:
+            dweight[j] = _scale_gradient(gamma, beta, sum_dy, sum_dy_v, variant_y) * state[2, j]
+        if dbias is not None:
+            dbias[j] = sum_dy
+
+
+def _optional(t):
+    """The numpy view of an optional per-channel tensor (``None`` stays ``None``)."""
+    return None if t is None else _np(t)
+
+
+def channel_scale(weight, bias, eps, abs_mode, state):
+    """Rows ``gamma, beta, dgamma_dweight`` of ``state`` from ``weight`` and ``bias``
+    (float32 or float64 tensors, or ``None``: scale 1, shift 0)."""
+    _channel_scale(_optional(weight), _optional(bias), float(eps), bool(abs_mode), state)
+
+
+def channel_batch_statistics(moments, count, eps, momentum, running_mean, running_var, state):
+    """Rows ``mean, rstd, count`` of ``state`` from the batch's ``[mean, M2]``
+    (``moments``, a (2, C) float64 array), and the running statistics (float32 or float64
+    tensors, or ``None``) updated in place as ``nn.BatchNorm2d`` does."""
+    _channel_batch_statistics(moments, int(count), float(eps), float(momentum),
+                              _optional(running_mean), _optional(running_var), state)
+
+
+def channel_running_statistics(running_mean, running_var, count, eps, state):
+    """Rows ``mean, rstd, count`` of ``state`` from the running statistics (eval)."""
+    _channel_running_statistics(_np(running_mean), _np(running_var), int(count), float(eps),
+                                state)
+
+
+def channel_value_coefficients(state, from_x, pq):
+    """``pq`` (a (2, C) array of the compute dtype) = ``[p, q]`` of the backward's value ``v``
+    (:mod:`.common`): from the stored input (``from_x``) or from ``y``."""
+    _channel_value_coefficients(state, bool(from_x), pq)
+
+
+def channel_gradients(state, sums, training, variant_y, coef, dweight, dbias):
+    """The backward's per-channel results from the global sums ``[sum dy, sum dy * v]``:
+    ``coef`` (a (3, C) array of the compute dtype, or ``None``: no input gradient) the
+    input gradient's ``(k0, k1, k2)``, ``dweight`` and ``dbias`` (arrays of the parameters'
+    dtype, or ``None``) the parameter gradients."""
+    _channel_gradients(state, sums, bool(training), bool(variant_y), coef, dweight, dbias)
