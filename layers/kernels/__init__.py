@@ -54,7 +54,7 @@ def host_kernels(tensor):
 def backend(tensor):
     """The kernel module for ``tensor``'s device (imported, and so compiled, on first use)."""
     if tensor.is_cuda or _cpu_choice == "cudasim":
-        module = _module("cuda")
+        module = _cuda()
         if not tensor.is_cuda and not module.SIMULATOR:
             raise RuntimeError(
                 "LAYERS_KERNELS=cudasim needs numba's CUDA simulator, but numba.cuda was imported "
@@ -63,10 +63,16 @@ def backend(tensor):
         return module
     if tensor.device.type != "cpu":
         raise ValueError(f"input: tensors on {tensor.device.type} are not supported (cpu, cuda)")
-    return _module("cpu")
+    return _cpu()
+
+
+# Each backend is imported once, not looked up per kernel call; the literal module names let
+# the pipeline's source tracking (experiments.records.sources) follow these imports.
+@functools.lru_cache(maxsize=None)
+def _cpu():
+    return importlib.import_module(".cpu", __name__)
 
 
 @functools.lru_cache(maxsize=None)
-def _module(name):
-    """The kernel module ``name``, imported once (a lookup per kernel call otherwise)."""
-    return importlib.import_module(f".{name}", __name__)
+def _cuda():
+    return importlib.import_module(".cuda", __name__)
