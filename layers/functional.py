@@ -57,7 +57,6 @@ import numpy as np
 import torch
 from torch._subclasses.fake_tensor import is_fake
 from torch.autograd.function import once_differentiable
-from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import distributed, ops
@@ -374,15 +373,14 @@ _HOST_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 def host_steps(x, group=None, flag=None, vectors=()):
     """Whether the per-channel steps of a call on ``x`` run as compiled CPU loops.
 
-    They do where ``x`` is a plain eager tensor that runs the CPU kernels (not fake, not on
-    ``meta``, not under ``torch.compile`` or a ``TorchDispatchMode``), no ``group`` is
-    synchronised, no device ``flag`` (``skip``, ``poison``) is set and each of the per-channel
-    ``vectors`` (weight, bias, running statistics) is ``None`` or float32/float64; elsewhere
-    they are torch operators.
+    They do where ``x`` runs the CPU kernels and calls them directly
+    (:func:`layers.ops.runs_directly`: not fake, not on ``meta``, not under ``torch.compile``
+    or a ``TorchDispatchMode``), no ``group`` is synchronised, no device ``flag`` (``skip``,
+    ``poison``) is set and each of the per-channel ``vectors`` (weight, bias, running
+    statistics) is ``None`` or float32/float64; elsewhere they are torch operators.
     """
-    if (flag is not None or type(x) is not torch.Tensor  # noqa: E721 (fake: a subclass)
-            or not host_kernels(x) or torch.compiler.is_compiling()
-            or is_in_torch_dispatch_mode() or distributed.active(group)):
+    if (flag is not None or not host_kernels(x) or not ops.runs_directly(x)
+            or distributed.active(group)):
         return False
     return all(v is None or v.dtype in _HOST_DTYPES for v in vectors)
 

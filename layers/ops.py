@@ -78,9 +78,7 @@ class KernelOperator:
         return self.operator.register_fake(fake)
 
     def __call__(self, *args, **kwargs):
-        first = args[0]
-        if (type(first) is not torch.Tensor or first.is_meta  # noqa: E721 (fake: a subclass)
-                or torch.compiler.is_compiling() or is_in_torch_dispatch_mode()):
+        if not runs_directly(args[0]):
             return self.operator(*args, **kwargs)
         result = self.implementation(*args, **kwargs)
         for index, name in self._mutated:
@@ -88,6 +86,14 @@ class KernelOperator:
             if not mutated.is_inference():  # inference tensors have no version counter
                 torch.autograd.graph.increment_version(mutated)
         return result
+
+
+def runs_directly(tensor):
+    """Whether kernel calls on ``tensor`` skip the dispatcher (:class:`KernelOperator`): a
+    plain eager tensor with data (not fake, not on ``meta``), outside ``torch.compile`` and any
+    ``TorchDispatchMode``."""
+    return (type(tensor) is torch.Tensor and not tensor.is_meta  # noqa: E721 (fake: subclass)
+            and not torch.compiler.is_compiling() and not is_in_torch_dispatch_mode())
 
 
 def _operator(mutates_args):
