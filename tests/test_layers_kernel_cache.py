@@ -77,10 +77,13 @@ def numba_functions(module):
         kinds += (CUDADispatcher,)
     except ImportError:  # the CUDA simulator
         pass
+    variants = getattr(module, "_Variants", ())  # kernels compiled per activation (and mode)
     found = []
     for name, value in vars(module).items():
         if isinstance(value, kinds):
             found.append((name, value))
+        elif isinstance(value, variants):
+            found.extend((name, value[key]) for key in value.keys)
     for name, value in getattr(module, "_LAUNCHERS", {}).items():
         found.append((name.__name__, value))
     return found

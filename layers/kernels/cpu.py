@@ -25,10 +25,11 @@ training forward), never by the number of threads, so results are bitwise the sa
 ``torch.set_num_threads`` says. They can differ in the last bits between machines, which may
 vectorise the sums differently (numba compiles for the host CPU).
 
-Speed: the inner loops are compiled once per (activation, backward mode) pair with both as
-constants (:func:`_specialized`), so LLVM sees straight-line, branch-free loop bodies that it
+Speed: each kernel is compiled once per activation (and backward mode) with both as
+constants (:class:`_Variants`), so LLVM sees straight-line, branch-free loop bodies that it
 vectorises; with the activation and mode as run-time values it does not, and the loops run
-several times slower. In-place kernels read and write one array argument (two arguments that
+several times slower. A variant compiles on its first use: a model compiles the one or two it
+runs, not all nine (one backward reduction with all nine inlined took 10 to 20 s to compile). In-place kernels read and write one array argument (two arguments that
 alias defeat vectorisation, see ``_target``).
 
 Threads: the loops run on as many threads as ``torch.get_num_threads()`` (at most
@@ -74,30 +75,40 @@ _parallel_reduction = caching.jit(numba.njit, DEPENDENCIES, parallel=True,
                                   fastmath={"reassoc", "contract"})
 
 
-@_jit_scalar
-def _specialized(body, act, mode, args):
-    """``body(act, mode, args)`` with ``act`` and ``mode`` turned into compile-time constants.
+class _Variants:
+    """One kernel per activation (or per (activation, backward mode) pair), compiled on first use.
 
-    ``body`` is inlined once per (activation, mode) pair, each copy with its own constants,
-    so every copy's loop is free of run-time dispatch.
+    ``template(*key)`` returns the kernel's Python function, which reads ``act`` (and ``mode``)
+    from its closure: numba compiles closure variables as constants, so each variant's loops
+    are free of run-time dispatch. ``decorator`` compiles it (with the disk cache, whose index
+    key covers the closure's values). ``variants[key]`` is the dispatcher of one variant.
     """
-    if act == ACT_IDENTITY:
-        if mode == MODE_Y:
-            return body(ACT_IDENTITY, MODE_Y, args)
-        if mode == MODE_XHAT_FROM_Y:
-            return body(ACT_IDENTITY, MODE_XHAT_FROM_Y, args)
-        return body(ACT_IDENTITY, MODE_XHAT_FROM_X, args)
-    if act == ACT_LEAKY_RELU:
-        if mode == MODE_Y:
-            return body(ACT_LEAKY_RELU, MODE_Y, args)
-        if mode == MODE_XHAT_FROM_Y:
-            return body(ACT_LEAKY_RELU, MODE_XHAT_FROM_Y, args)
-        return body(ACT_LEAKY_RELU, MODE_XHAT_FROM_X, args)
-    if mode == MODE_Y:
-        return body(ACT_ELU, MODE_Y, args)
-    if mode == MODE_XHAT_FROM_Y:
-        return body(ACT_ELU, MODE_XHAT_FROM_Y, args)
-    return body(ACT_ELU, MODE_XHAT_FROM_X, args)
+
+    def __init__(self, decorator, keys):
+        self._decorator = decorator
+        self.keys = tuple(keys)
+        self._kernels = {}
+
+    def __call__(self, template):
+        self.template = template
+        self.__name__ = template.__name__
+        self.__doc__ = template.__doc__
+        return self
+
+    def __getitem__(self, key):
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            if key not in self.keys:
+                raise KeyError(f"{self.__name__} has no variant {key!r}: one of {self.keys}")
+            args = key if isinstance(key, tuple) else (key,)
+            kernel = self._kernels[key] = self._decorator(self.template(*args))
+        return kernel
+
+
+#: Keys of the forward kernels (the activation) and of the backward ones (activation, mode).
+_ACTS = (ACT_IDENTITY, ACT_LEAKY_RELU, ACT_ELU)
+_ACT_MODES = tuple((act, mode) for act in _ACTS
+                   for mode in (MODE_Y, MODE_XHAT_FROM_Y, MODE_XHAT_FROM_X))
 
 
 @_jit_scalar
@@ -251,26 +262,23 @@ def _moments_mc(x, chunks):
 
 # --------------------------------------------------------------------------- loop bodies
 # Each body handles one row of the (N, C, S) view (as 1-D row views) or one block of rows of
-# the (M, C) view; ``args`` packs its operands so that ``_specialized`` can forward them.
+# the (M, C) view. ``act`` and ``mode`` are constants where a kernel variant inlines it.
 
 @_jit_scalar
-def _forward_row(act, mode, args):
-    src, dst, a, b, slope = args
+def _forward_row(src, dst, a, b, act, slope):
     for t in range(src.size):
         dst[t] = store(_act_forward(load(src[t]) * a + b, act, slope), dst)
 
 
 @_jit_scalar
-def _forward_rows(act, mode, args):
-    x, out, start, stop, a, b, slope = args
+def _forward_rows(x, out, start, stop, a, b, act, slope):
     for r in range(start, stop):
         for j in range(x.shape[1]):
             out[r, j] = store(_act_forward(load(x[r, j]) * a[j] + b[j], act, slope), out)
 
 
 @_jit_scalar
-def _reduce_row(act, mode, args):
-    z, dz, x, p, q, slope, floor = args
+def _reduce_row(z, dz, x, p, q, act, slope, floor, mode):
     s0 = 0.0
     s1 = 0.0
     for start in range(0, z.size, _BLOCK):
@@ -288,8 +296,7 @@ def _reduce_row(act, mode, args):
 
 
 @_jit_scalar
-def _reduce_rows(act, mode, args):
-    z, dz, x, start, stop, p, q, slope, floor, sums = args
+def _reduce_rows(z, dz, x, start, stop, p, q, act, slope, floor, mode, sums):
     c = z.shape[1]
     b0 = compute_empty(c, z)  # block sums in the compute dtype, as in _moments_mc
     b1 = compute_empty(c, z)
@@ -308,8 +315,7 @@ def _reduce_rows(act, mode, args):
 
 
 @_jit_scalar
-def _input_row(act, mode, args):
-    z, dz, x, p, q, k0, k1, k2, slope, floor, out = args
+def _input_row(z, dz, x, p, q, k0, k1, k2, act, slope, floor, mode, out):
     for t in range(z.size):
         zt = load(z[t])
         dy = _act_grad(zt, load(dz[t]), act, slope)
@@ -318,8 +324,7 @@ def _input_row(act, mode, args):
 
 
 @_jit_scalar
-def _input_rows(act, mode, args):
-    z, dz, x, start, stop, p, q, coef, slope, floor, out = args
+def _input_rows(z, dz, x, start, stop, p, q, coef, act, slope, floor, mode, out):
     for r in range(start, stop):
         for j in range(z.shape[1]):
             zt = load(z[r, j])
@@ -329,99 +334,115 @@ def _input_rows(act, mode, args):
 
 
 # --------------------------------------------------------------------------- kernels
-@_parallel_reduction
-def _moments_forward_ncs_inplace(x, gamma, beta, eps, act, slope, coef):
-    """Per channel: the statistics, then the output in place while the channel is in cache."""
-    n, c, s = x.shape
-    result = np.empty((2, c), np.float64)
-    for j in numba.prange(c):
-        s1 = 0.0
-        s2 = 0.0
-        shift = load(x[0, j, 0])
-        grouped = n - n % 4  # rows read four at a time (:func:`_shifted_four_row_sums`)
-        for i in range(0, grouped, 4):
-            r1, r2 = _shifted_four_row_sums(x[i, j], x[i + 1, j], x[i + 2, j], x[i + 3, j],
-                                            shift)
-            s1 += r1
-            s2 += r2
-        for i in range(grouped, n):
-            r1, r2 = _shifted_row_sums(x[i, j], shift)
-            s1 += r1
-            s2 += r2
-        mean, m2 = _finish_moments(s1, s2, shift, n * s)
-        result[0, j] = mean
-        result[1, j] = m2
-        scale = gamma[j] / np.sqrt(m2 / (n * s) + eps)
-        coef[0, j] = scale  # through coef, a and b take the compute dtype
-        coef[1, j] = beta[j] - mean * scale
-        for i in range(n):
-            row = x[i, j]
-            _specialized(_forward_row, act, MODE_Y, (row, row, coef[0, j], coef[1, j], slope))
-    return result
+# Each kernel is a template: ``_Variants`` compiles one dispatcher per activation (and mode),
+# which the closure's ``act`` (and ``mode``) make constants.
+
+@_Variants(_parallel_reduction, _ACTS)
+def _moments_forward_ncs_inplace(act):
+    def kernel(x, gamma, beta, eps, slope, coef):
+        """Per channel: the statistics, then the output in place while the channel is in
+        cache."""
+        n, c, s = x.shape
+        result = np.empty((2, c), np.float64)
+        for j in numba.prange(c):
+            s1 = 0.0
+            s2 = 0.0
+            shift = load(x[0, j, 0])
+            grouped = n - n % 4  # rows read four at a time (:func:`_shifted_four_row_sums`)
+            for i in range(0, grouped, 4):
+                r1, r2 = _shifted_four_row_sums(x[i, j], x[i + 1, j], x[i + 2, j],
+                                                x[i + 3, j], shift)
+                s1 += r1
+                s2 += r2
+            for i in range(grouped, n):
+                r1, r2 = _shifted_row_sums(x[i, j], shift)
+                s1 += r1
+                s2 += r2
+            mean, m2 = _finish_moments(s1, s2, shift, n * s)
+            result[0, j] = mean
+            result[1, j] = m2
+            scale = gamma[j] / np.sqrt(m2 / (n * s) + eps)
+            coef[0, j] = scale  # through coef, a and b take the compute dtype
+            coef[1, j] = beta[j] - mean * scale
+            for i in range(n):
+                row = x[i, j]
+                _forward_row(row, row, coef[0, j], coef[1, j], act, slope)
+        return result
+    return kernel
 
 
-@_parallel
-def _forward_ncs(x, out, a, b, act, slope):
-    n, c, _ = x.shape
-    dst = _target(out, x)
-    for row in numba.prange(n * c):
-        i, j = row // c, row % c
-        _specialized(_forward_row, act, MODE_Y, (x[i, j], dst[i, j], a[j], b[j], slope))
+@_Variants(_parallel, _ACTS)
+def _forward_ncs(act):
+    def kernel(x, out, a, b, slope):
+        n, c, _ = x.shape
+        dst = _target(out, x)
+        for row in numba.prange(n * c):
+            i, j = row // c, row % c
+            _forward_row(x[i, j], dst[i, j], a[j], b[j], act, slope)
+    return kernel
 
 
-@_parallel
-def _forward_mc(x, out, a, b, act, slope, chunks):
-    m = x.shape[0]
-    dst = _target(out, x)
-    for blk in numba.prange(chunks):
-        start, stop = blk * m // chunks, (blk + 1) * m // chunks
-        _specialized(_forward_rows, act, MODE_Y, (x, dst, start, stop, a, b, slope))
+@_Variants(_parallel, _ACTS)
+def _forward_mc(act):
+    def kernel(x, out, a, b, slope, chunks):
+        m = x.shape[0]
+        dst = _target(out, x)
+        for blk in numba.prange(chunks):
+            start, stop = blk * m // chunks, (blk + 1) * m // chunks
+            _forward_rows(x, dst, start, stop, a, b, act, slope)
+    return kernel
 
 
-@_parallel_reduction
-def _backward_reduce_ncs(z, dz, x, p, q, act, slope, floor, mode):
-    n, c, _ = z.shape
-    partial = np.zeros((2, n, c), np.float64)
-    for row in numba.prange(n * c):
-        i, j = row // c, row % c
-        s0, s1 = _specialized(_reduce_row, act, mode,
-                              (z[i, j], dz[i, j], x[i, j], p[j], q[j], slope, floor))
-        partial[0, i, j] = s0
-        partial[1, i, j] = s1
-    return partial.sum(axis=1)
+@_Variants(_parallel_reduction, _ACT_MODES)
+def _backward_reduce_ncs(act, mode):
+    def kernel(z, dz, x, p, q, slope, floor):
+        n, c, _ = z.shape
+        partial = np.zeros((2, n, c), np.float64)
+        for row in numba.prange(n * c):
+            i, j = row // c, row % c
+            s0, s1 = _reduce_row(z[i, j], dz[i, j], x[i, j], p[j], q[j], act, slope, floor,
+                                 mode)
+            partial[0, i, j] = s0
+            partial[1, i, j] = s1
+        return partial.sum(axis=1)
+    return kernel
 
 
-@_parallel_reduction
-def _backward_reduce_mc(z, dz, x, p, q, act, slope, floor, mode, chunks):
-    m, c = z.shape
-    partial = np.zeros((chunks, 2, c), np.float64)
-    for blk in numba.prange(chunks):
-        start, stop = blk * m // chunks, (blk + 1) * m // chunks
-        _specialized(_reduce_rows, act, mode,
-                     (z, dz, x, start, stop, p, q, slope, floor, partial[blk]))
-    return partial.sum(axis=0)
+@_Variants(_parallel_reduction, _ACT_MODES)
+def _backward_reduce_mc(act, mode):
+    def kernel(z, dz, x, p, q, slope, floor, chunks):
+        m, c = z.shape
+        partial = np.zeros((chunks, 2, c), np.float64)
+        for blk in numba.prange(chunks):
+            start, stop = blk * m // chunks, (blk + 1) * m // chunks
+            _reduce_rows(z, dz, x, start, stop, p, q, act, slope, floor, mode, partial[blk])
+        return partial.sum(axis=0)
+    return kernel
 
 
-@_parallel
-def _backward_input_ncs(z, dz, x, p, q, coef, act, slope, floor, mode):
-    """In place over ``dz``: the row read and written is one value, which LLVM vectorises."""
-    n, c, _ = z.shape
-    for row in numba.prange(n * c):
-        i, j = row // c, row % c
-        grad = dz[i, j]
-        _specialized(_input_row, act, mode,
-                     (z[i, j], grad, x[i, j], p[j], q[j], coef[0, j], coef[1, j],
-                      coef[2, j], slope, floor, grad))
+@_Variants(_parallel, _ACT_MODES)
+def _backward_input_ncs(act, mode):
+    def kernel(z, dz, x, p, q, coef, slope, floor):
+        """In place over ``dz``: the row read and written is one value, which LLVM
+        vectorises."""
+        n, c, _ = z.shape
+        for row in numba.prange(n * c):
+            i, j = row // c, row % c
+            grad = dz[i, j]
+            _input_row(z[i, j], grad, x[i, j], p[j], q[j], coef[0, j], coef[1, j], coef[2, j],
+                       act, slope, floor, mode, grad)
+    return kernel
 
 
-@_parallel
-def _backward_input_mc(z, dz, x, p, q, coef, act, slope, floor, mode, chunks):
-    """In place over ``dz``, as :func:`_backward_input_ncs`."""
-    m = z.shape[0]
-    for blk in numba.prange(chunks):
-        start, stop = blk * m // chunks, (blk + 1) * m // chunks
-        _specialized(_input_rows, act, mode,
-                     (z, dz, x, start, stop, p, q, coef, slope, floor, dz))
+@_Variants(_parallel, _ACT_MODES)
+def _backward_input_mc(act, mode):
+    def kernel(z, dz, x, p, q, coef, slope, floor, chunks):
+        """In place over ``dz``, as :func:`_backward_input_ncs`."""
+        m = z.shape[0]
+        for blk in numba.prange(chunks):
+            start, stop = blk * m // chunks, (blk + 1) * m // chunks
+            _input_rows(z, dz, x, start, stop, p, q, coef, act, slope, floor, mode, dz)
+    return kernel
 
 
 # --------------------------------------------------------------------------- API
@@ -523,8 +544,8 @@ def moments_forward(x, out, gamma, beta, eps, act, slope):
                                        slope)
     xa = _np(x)
     coef = compute_empty((2, x.shape[1]), xa)
-    return torch.from_numpy(_moments_forward_ncs_inplace(xa, _np(gamma), _np(beta), float(eps),
-                                                         act, _scalar(slope, xa), coef))
+    return torch.from_numpy(_moments_forward_ncs_inplace[act](
+        xa, _np(gamma), _np(beta), float(eps), _scalar(slope, xa), coef))
 
 
 def forward(x, out, a, b, act, slope):
@@ -533,11 +554,11 @@ def forward(x, out, a, b, act, slope):
         return
     _follow_torch_threads()
     xa = _np(x)
-    args = (xa, _output(out, x), _np(a), _np(b), act, _scalar(slope, xa))
+    args = (xa, _output(out, x), _np(a), _np(b), _scalar(slope, xa))
     if x.dim() == 3:
-        _forward_ncs(*args)
+        _forward_ncs[act](*args)
     else:
-        _forward_mc(*args, _chunks(x.shape[0]))
+        _forward_mc[act](*args, _chunks(x.shape[0]))
 
 
 def backward_reduce(z, dz, x, p, q, act, slope, mode):
@@ -547,11 +568,11 @@ def backward_reduce(z, dz, x, p, q, act, slope, mode):
                            device="cpu")
     _follow_torch_threads()
     za = _np(z)
-    args = (za, _np(dz), _np(x), _np(p), _np(q), act, _scalar(slope, za),
-            _elu_floor(z), mode)
+    args = (za, _np(dz), _np(x), _np(p), _np(q), _scalar(slope, za), _elu_floor(z))
     if z.dim() == 3:
-        return torch.from_numpy(_backward_reduce_ncs(*args))
-    return torch.from_numpy(_backward_reduce_mc(*args, _reduction_chunks(z.shape[0])))
+        return torch.from_numpy(_backward_reduce_ncs[act, mode](*args))
+    return torch.from_numpy(_backward_reduce_mc[act, mode](*args,
+                                                           _reduction_chunks(z.shape[0])))
 
 
 def backward_input(z, dz, x, p, q, coef, act, slope, mode, out):
@@ -568,12 +589,12 @@ def backward_input(z, dz, x, p, q, coef, act, slope, mode, out):
         out.copy_(dz)
     _follow_torch_threads()
     za = _np(z)
-    args = (za, _np(out), _np(x), _np(p), _np(q), _np(coef), act, _scalar(slope, za),
-            _elu_floor(z), mode)
+    args = (za, _np(out), _np(x), _np(p), _np(q), _np(coef), _scalar(slope, za),
+            _elu_floor(z))
     if z.dim() == 3:
-        _backward_input_ncs(*args)
+        _backward_input_ncs[act, mode](*args)
     else:
-        _backward_input_mc(*args, _chunks(z.shape[0]))
+        _backward_input_mc[act, mode](*args, _chunks(z.shape[0]))
 
 
 # --------------------------------------------------------------------------- per-channel steps
