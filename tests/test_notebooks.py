@@ -1,8 +1,10 @@
 """Every figure notebook executes top to bottom against a small artifact set and writes its
 figure (PNG, PDF) and table (Markdown, LaTeX)."""
+import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -110,6 +112,21 @@ def _command(experiment, name, args, root, data):
             "--work-dir", paths.work_dir(experiment, RUN, name, root)]
 
 
+def _side_by_side(commands):
+    """Runs ``python -m <command>`` for each command, as many at a time as there are cores,
+    each on one thread (many processes with a thread per core each mostly wait for one
+    another); returns the completed processes."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+
+    def run(command):
+        return subprocess.run([sys.executable, "-m", *command], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              timeout=600)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
+        return list(pool.map(run, commands))
+
+
 @pytest.fixture(scope="module")
 def artifact_set(tmp_path_factory):
     """Tiny real points of every experiment (measured in parallel, the training ones on
@@ -121,19 +138,14 @@ def artifact_set(tmp_path_factory):
     generate_imagenet(data / "imagenet", classes=4, train_per_class=4, val_per_class=2)
     generate_cityscapes(data / "cityscapes", train_images=4, val_images=2, size=(64, 32))
     shutil.copytree(ROOT / "artifacts" / "paper", root / "paper")
-    jobs = [subprocess.Popen(
-        [sys.executable, "-m", "experiments.bench_kernels", *TINY_BENCH,
-         "--out", paths.bench_kernels_json(RUN, root)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)]
+    commands = [["experiments.bench_kernels", *TINY_BENCH,
+                 "--out", paths.bench_kernels_json(RUN, root)]]
     for experiment, points in {**TINY_POINTS, **TINY_TRAINING}.items():
         for name, args in points.items():
-            jobs.append(subprocess.Popen(
-                [sys.executable, "-m", f"experiments.{experiment}",
-                 *_command(experiment, name, args, root, data)],
-                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-    for job in jobs:
-        _, err = job.communicate(timeout=600)
-        assert job.returncode == 0, err
+            commands.append([f"experiments.{experiment}",
+                             *_command(experiment, name, args, root, data)])
+    for run in _side_by_side(commands):
+        assert run.returncode == 0, run.stderr
     for experiment, points in {**TINY_POINTS, **TINY_TRAINING}.items():
         aggregate.main([*(paths.point_json(experiment, RUN, p, root) for p in points),
                         "--out", paths.aggregate_csv(experiment, RUN, root)])

@@ -215,13 +215,35 @@ def _moments_ncs(x):
     shift = np.empty(c, np.float64)
     for j in range(c):
         shift[j] = load(x[0, j, 0])
-    partial = np.zeros((2, n, c), np.float64)
+    partial = np.empty((2, n, c), np.float64)  # every entry written below
     for row in numba.prange(n * c):
         i, j = row // c, row % c
         partial[0, i, j], partial[1, i, j] = _shifted_row_sums(x[i, j], load(x[0, j, 0]))
+    sums = _total(partial)
     out = np.empty((2, c), np.float64)
-    out[0], out[1] = _finish_moments(partial[0].sum(axis=0), partial[1].sum(axis=0), shift,
-                                     n * s)
+    out[0], out[1] = _finish_moments(sums[0], sums[1], shift, n * s)
+    return out
+
+
+@_jit_scalar
+def _zero_totals(totals):
+    """``totals[:] = 0`` for a (2, C) array, as a plain loop: in a parallel kernel an array
+    expression or ``np.zeros`` becomes a parallel loop of its own, one more to compile."""
+    for j in range(totals.shape[1]):
+        totals[0, j] = 0.0
+        totals[1, j] = 0.0
+
+
+@_jit_scalar
+def _total(partial):
+    """``partial.sum(axis=1)`` of a (2, parts, C) array, in the order of the parts, as a plain
+    loop (numba compiles a generic axis reduction of its own for ``sum(axis=...)``)."""
+    out = np.empty((2, partial.shape[2]), np.float64)
+    _zero_totals(out)
+    for k in range(partial.shape[1]):
+        for j in range(partial.shape[2]):
+            out[0, j] += partial[0, k, j]
+            out[1, j] += partial[1, k, j]
     return out
 
 
@@ -239,9 +261,10 @@ def _moments_mc(x, chunks):
     shift = compute_empty(c, x)  # in the compute dtype, so the subtraction stays in it
     for j in range(c):
         shift[j] = load(x[0, j])
-    partial = np.zeros((chunks, 2, c), np.float64)
+    partial = np.empty((2, chunks, c), np.float64)
     for blk in numba.prange(chunks):
         start, stop = blk * m // chunks, (blk + 1) * m // chunks
+        _zero_totals(partial[:, blk])
         b1 = compute_empty(c, x)
         b2 = compute_empty(c, x)
         for first in range(start, stop, _BLOCK):  # blocks of _BLOCK rows per channel
@@ -253,8 +276,8 @@ def _moments_mc(x, chunks):
                     d = load(row[j]) - shift[j]
                     b1[j] += d
                     b2[j] += d * d
-            _add_block_sums(partial[blk], b1, b2)
-    sums = partial.sum(axis=0)
+            _add_block_sums(partial[:, blk], b1, b2)
+    sums = _total(partial)
     out = np.empty((2, c), np.float64)
     out[0], out[1] = _finish_moments(sums[0], sums[1], shift.astype(np.float64), m)
     return out
@@ -397,14 +420,14 @@ def _forward_mc(act):
 def _backward_reduce_ncs(act, mode):
     def kernel(z, dz, x, p, q, slope, floor):
         n, c, _ = z.shape
-        partial = np.zeros((2, n, c), np.float64)
+        partial = np.empty((2, n, c), np.float64)  # every entry written below
         for row in numba.prange(n * c):
             i, j = row // c, row % c
             s0, s1 = _reduce_row(z[i, j], dz[i, j], x[i, j], p[j], q[j], act, slope, floor,
                                  mode)
             partial[0, i, j] = s0
             partial[1, i, j] = s1
-        return partial.sum(axis=1)
+        return _total(partial)
     return kernel
 
 
@@ -412,11 +435,12 @@ def _backward_reduce_ncs(act, mode):
 def _backward_reduce_mc(act, mode):
     def kernel(z, dz, x, p, q, slope, floor, chunks):
         m, c = z.shape
-        partial = np.zeros((chunks, 2, c), np.float64)
+        partial = np.empty((2, chunks, c), np.float64)
         for blk in numba.prange(chunks):
             start, stop = blk * m // chunks, (blk + 1) * m // chunks
-            _reduce_rows(z, dz, x, start, stop, p, q, act, slope, floor, mode, partial[blk])
-        return partial.sum(axis=0)
+            _zero_totals(partial[:, blk])
+            _reduce_rows(z, dz, x, start, stop, p, q, act, slope, floor, mode, partial[:, blk])
+        return _total(partial)
     return kernel
 
 
