@@ -1,8 +1,6 @@
 """The capacity experiment (InPlace-ABN paper, Table 2 brackets): its search and fit logic on
 synthetic memory functions, tiny real points of both methods on the CPU, and its notebook."""
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -14,6 +12,7 @@ from experiments.records import paths
 from experiments.iabn_table2_capacity import (METHODS, MIN_CROPS,
                                               capacity_gain, fit_line, largest_fitting,
                                               parse_args, search_capacity, solve)
+from side_by_side import run_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = "iabn_table2_capacity"
@@ -188,15 +187,11 @@ def test_fixed_batch_keeps_the_std_bn_batch_of_its_point(tmp_path, capsys):
 def artifact_set(tmp_path_factory):
     """Tiny real points (measured in parallel): both methods, aggregated into one run."""
     root = tmp_path_factory.mktemp("artifacts")
-    jobs = []
-    for name, args in {**POINTS, **SEARCHES}.items():
-        out = Path(paths.point_json(EXPERIMENT, RUN, name, root))
-        jobs.append(subprocess.Popen(
-            [sys.executable, "-m", f"experiments.{EXPERIMENT}", *args, "--out", str(out)],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-    for job in jobs:
-        _, err = job.communicate(timeout=600)
-        assert job.returncode == 0, err
+    commands = [[f"experiments.{EXPERIMENT}", *args,
+                 "--out", paths.point_json(EXPERIMENT, RUN, name, root)]
+                for name, args in {**POINTS, **SEARCHES}.items()]
+    for run in run_modules(commands):
+        assert run.returncode == 0, run.stderr
     aggregate.main([*(paths.point_json(EXPERIMENT, RUN, p, root) for p in POINTS),
                     "--out", paths.aggregate_csv(EXPERIMENT, RUN, root)])
     return root

@@ -1,10 +1,6 @@
 """Every figure notebook executes top to bottom against a small artifact set and writes its
 figure (PNG, PDF) and table (Markdown, LaTeX)."""
-import os
 import shutil
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -12,6 +8,7 @@ import pytest
 from experiments.report import aggregate, render
 from experiments.records import paths
 from experiments.train.data import generate_cifar, generate_cityscapes, generate_imagenet
+from side_by_side import run_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "test-cpu"
@@ -112,21 +109,6 @@ def _command(experiment, name, args, root, data):
             "--work-dir", paths.work_dir(experiment, RUN, name, root)]
 
 
-def _side_by_side(commands):
-    """Runs ``python -m <command>`` for each command, as many at a time as there are cores,
-    each on one thread (many processes with a thread per core each mostly wait for one
-    another); returns the completed processes."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
-
-    def run(command):
-        return subprocess.run([sys.executable, "-m", *command], cwd=ROOT, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              timeout=600)
-
-    with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
-        return list(pool.map(run, commands))
-
-
 @pytest.fixture(scope="module")
 def artifact_set(tmp_path_factory):
     """Tiny real points of every experiment (measured in parallel, the training ones on
@@ -144,7 +126,7 @@ def artifact_set(tmp_path_factory):
         for name, args in points.items():
             commands.append([f"experiments.{experiment}",
                              *_command(experiment, name, args, root, data)])
-    for run in _side_by_side(commands):
+    for run in run_modules(commands):
         assert run.returncode == 0, run.stderr
     for experiment, points in {**TINY_POINTS, **TINY_TRAINING}.items():
         aggregate.main([*(paths.point_json(experiment, RUN, p, root) for p in points),
