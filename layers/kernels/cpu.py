@@ -29,8 +29,9 @@ Speed: each kernel is compiled once per activation (and backward mode) with both
 constants (:class:`_Variants`), so LLVM sees straight-line, branch-free loop bodies that it
 vectorises; with the activation and mode as run-time values it does not, and the loops run
 several times slower. A variant compiles on its first use: a model compiles the one or two it
-runs, not all nine (one backward reduction with all nine inlined took 10 to 20 s to compile). In-place kernels read and write one array argument (two arguments that
-alias defeat vectorisation, see ``_target``).
+runs, not all nine (one backward reduction with all nine inlined took 10 to 20 s to compile).
+In-place kernels read and write one array argument (two arguments that alias defeat
+vectorisation, see ``_target``).
 
 Threads: the loops run on as many threads as ``torch.get_num_threads()`` (at most
 ``NUMBA_NUM_THREADS``), so ``torch.set_num_threads`` governs both libraries.
