@@ -12,10 +12,12 @@ It is meant for the ``kernels``-marked tests of ``tests/test_abn.py`` and
 
 Other tests may assume CPU tensors (thread counts, CPU kernels) and are not meant for it.
 
-It also starts the layer tests under numba's CUDA simulator (``test_cudasim_layers.py``)
-in a subprocess as soon as the tests are collected: the simulator is single-threaded Python
-that runs for minutes, and beside the other tests it mostly uses a core they leave idle. Its
-test is moved to the end of the session, where it waits for the subprocess.
+The layer tests under numba's CUDA simulator (``test_cudasim_layers.py``) run in a
+subprocess, single-threaded Python that takes minutes, beside the other tests. In a session
+of one process (``-n 0``) it starts as soon as the tests are collected, and its test is moved
+to the end, where it waits for it. With pytest-xdist workers (the default, ``addopts`` in
+``pyproject.toml``) its test is handed out first and starts it: that worker waits while the
+others run the rest.
 """
 import os
 import subprocess
@@ -53,6 +55,9 @@ def pytest_configure(config):
         torch.Generator = _DefaultDeviceGenerator
 
 
+#: pytest options of a session in one process: ``addopts``' pytest-xdist workers left out (the
+#: subprocess is one single-threaded job of its own).
+SERIAL = ("-o", "addopts=")
 #: The test that checks the simulator run, and the tests that run in it.
 SIMULATOR_TEST = "test_cudasim_layers.py::test_layers_on_cuda_kernels_under_simulator"
 SIMULATED_FILES = ("test_abn.py", "test_abn_dtypes.py")
@@ -66,11 +71,13 @@ class SimulatorRun:
 
     def __init__(self):
         here = Path(__file__).resolve().parent
-        env = {**os.environ, "LAYERS_KERNELS": "cudasim"}
+        env = {name: value for name, value in os.environ.items()
+               if not name.startswith("PYTEST_XDIST")}  # a session of its own, not a worker
+        env["LAYERS_KERNELS"] = "cudasim"
         self._log = tempfile.TemporaryFile(mode="w+")
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-q", "-m", "kernels", "-p", "no:cacheprovider",
-             *(str(here / name) for name in SIMULATED_FILES)],
+            [sys.executable, "-m", "pytest", *SERIAL, "-q", "-m", "kernels",
+             "-p", "no:cacheprovider", *(str(here / name) for name in SIMULATED_FILES)],
             cwd=here.parent, env=env, stdout=self._log, stderr=subprocess.STDOUT, text=True)
 
     def result(self, timeout=1800):
@@ -100,8 +107,17 @@ def simulator_run(config):
 @pytest.hookimpl(trylast=True)  # after -k / -m deselection: only a selected test starts it
 def pytest_collection_modifyitems(config, items):
     waiting = [item for item in items if item.nodeid.endswith(SIMULATOR_TEST)]
-    if waiting and len(items) > len(waiting):
-        items[:] = [item for item in items if item not in waiting] + waiting
+    if not waiting or len(items) == len(waiting):
+        return
+    others = [item for item in items if item not in waiting]
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # pytest-xdist: every worker collects every test, and only the one that is handed the
+        # simulator test may start the subprocess. Handed out first, its worker waits on it
+        # while the other workers take the rest (``--dist worksteal`` moves the rest of its
+        # queue to them).
+        items[:] = waiting + others
+    else:
+        items[:] = others + waiting
         simulator_run(config)
 
 

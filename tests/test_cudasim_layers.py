@@ -3,9 +3,10 @@
 Re-runs every ``kernels``-marked test of ``test_abn.py`` (small shapes, float64 against the
 composite PyTorch ops) and of ``test_abn_dtypes.py`` (float16 and bfloat16 inputs) with
 ``LAYERS_KERNELS=cudasim``, in a subprocess because the simulator is chosen when ``layers`` is
-imported. The simulator runs the kernels as single-threaded Python (minutes), so in a whole
-test session ``conftest.py`` starts that subprocess as soon as the tests are collected, beside
-the other tests, and runs this test last, to collect its result.
+imported. The simulator runs the kernels as single-threaded Python (minutes), so
+``conftest.py`` runs that subprocess beside the other tests: in one process it starts at
+collection and this test, run last, collects its result; with pytest-xdist workers this test
+is handed out first and its worker waits on the subprocess while the others run the rest.
 """
 import os
 import subprocess

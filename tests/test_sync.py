@@ -9,7 +9,6 @@ autograd.
 """
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -43,19 +42,15 @@ CASE_PARAMS = [
 ]
 
 
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(out_dir):
     """Start the ranks; return their ``(returncode, output)`` (killed if they hang)."""
     env = dict(os.environ)
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # everything is on 127.0.0.1
     env.setdefault("NUMBA_NUM_THREADS", "1")  # 2 ranks share the machine's cores
     env.setdefault("OMP_NUM_THREADS", "1")
-    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    # A rendezvous file of this run's own: no port to pick, so no race with tests that run
+    # beside it.
+    init_method = (out_dir / "rendezvous").as_uri()
     procs = []
     for rank in range(WORLD_SIZE):
         log = open(out_dir / f"rank{rank}.log", "w+")

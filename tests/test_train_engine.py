@@ -11,7 +11,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -377,18 +376,12 @@ def test_rng_states_round_trip(tmp_path):
 # --- two gloo ranks under torchrun --------------------------------------------------------------
 
 
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torchrun_worker(mode, out):
     """Run ``train_worker.py MODE OUT`` under ``torchrun --nproc-per-node 2``; each rank's
     saved results."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-           "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), str(HERE / "train_worker.py"), mode, str(out)]
+    # --standalone: torchrun's rendezvous picks its own free port (tests run side by side).
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", "2", str(HERE / "train_worker.py"), mode, str(out)]
     result = subprocess.run(cmd, env=_worker_env(), cwd=REPO_ROOT, capture_output=True,
                             text=True, timeout=TIMEOUT_S)
     if result.returncode != 0:

@@ -9,7 +9,6 @@ tiling and rescaling is known; and the distributed confusion sum with 2 gloo ran
 import datetime
 import math
 import os
-import socket
 import time
 from fractions import Fraction
 
@@ -422,16 +421,10 @@ def _ddp_worker(rank, world_size, init_method, out_dir):
         dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_confusion_summed_over_two_gloo_ranks(tmp_path, monkeypatch):
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    init_method = (tmp_path / "rendezvous").as_uri()  # no port: no race with other tests
     context = mp.spawn(_ddp_worker, args=(WORLD_SIZE, init_method, str(tmp_path)),
                        nprocs=WORLD_SIZE, join=False)
     deadline = time.monotonic() + DDP_TIMEOUT_S

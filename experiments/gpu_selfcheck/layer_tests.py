@@ -27,8 +27,10 @@ DEVICE_VARIABLE = "LAYERS_TEST_DEVICE"
 
 
 def command(junit_path, test_files=TEST_FILES, marker=MARKER):
-    """The pytest command line (a list)."""
-    return [sys.executable, "-m", "pytest", "-q", "-m", marker, "-p", "no:cacheprovider",
+    """The pytest command line (a list). One process: ``-o addopts=`` leaves out the
+    pytest-xdist workers of the project's ``addopts``, so that pytest alone is enough."""
+    return [sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-m", marker,
+            "-p", "no:cacheprovider",
             f"--junitxml={junit_path}", *test_files]
 
 
