@@ -63,6 +63,8 @@ class KernelOperator:
     implementation directly and bumps the version counter of every mutated argument, as the
     operator's ``ADInplaceOrView`` kernel does (autograd's check that a saved tensor was not
     overwritten relies on it). Anywhere else it calls ``operator``, the registered custom operator.
+    Called directly, the per-channel vectors may be numpy arrays, as the host steps of
+    :mod:`layers.functional` pass them (:mod:`layers.kernels`).
     """
 
     def __init__(self, implementation, mutates_args):

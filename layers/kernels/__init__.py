@@ -17,7 +17,9 @@ The CPU backend also runs the per-channel arithmetic around these kernels
 (:mod:`layers.kernels.per_channel`) as one compiled loop over the channels per step
 (``channel_scale``, ``channel_batch_statistics``, ``channel_running_statistics``,
 ``channel_value_coefficients``, ``channel_gradients``), which :mod:`layers.functional` uses
-where the CPU kernels run eagerly; elsewhere the same formulas run as torch operators.
+where the CPU kernels run eagerly; elsewhere the same formulas run as torch operators. There
+the kernels' per-channel vectors may also be numpy arrays (the rows those loops write), which
+the CPU kernels take as they are, without a round trip through torch tensors.
 
 The CUDA backend's ``forward`` and ``moments_forward`` also take ``skip``, a ``(1,)`` bool
 tensor on the device: while it holds ``True`` they write nothing (``DEVICE_GUARD``), which lets
@@ -53,6 +55,8 @@ def host_kernels(tensor):
 
 def backend(tensor):
     """The kernel module for ``tensor``'s device (imported, and so compiled, on first use)."""
+    if tensor.is_cpu and _cpu_choice == "cpu":  # the common case first: called per kernel
+        return _cpu()
     if tensor.is_cuda or _cpu_choice == "cudasim":
         module = _cuda()
         if not tensor.is_cuda and not module.SIMULATOR:

@@ -54,7 +54,7 @@ def epsneg(dtype):
 # --------------------------------------------------------------------------- arrays
 def cpu_array(tensor):
     """Zero-copy numpy view of a CPU tensor as the CPU kernels take it (see the table)."""
-    t = tensor.detach()
+    t = tensor.detach() if tensor.requires_grad else tensor
     if t.dtype == torch.float16:
         return t.view(torch.int16).numpy()
     if t.dtype == torch.bfloat16:

@@ -472,8 +472,9 @@ def _backward_input_mc(act, mode):
 
 # --------------------------------------------------------------------------- API
 def _np(t):
-    """Zero-copy numpy view of a CPU tensor, 16-bit data as its bits (:mod:`.codecs`)."""
-    return codecs.cpu_array(t)
+    """Zero-copy numpy view of a CPU tensor, 16-bit data as its bits (:mod:`.codecs`); a numpy
+    array (a per-channel vector of the host steps) as it is."""
+    return t if isinstance(t, np.ndarray) else codecs.cpu_array(t)
 
 
 def _in_place(out, x):
@@ -564,9 +565,9 @@ def moments_forward(x, out, gamma, beta, eps, act, slope):
         return _nan_moments(x)
     _follow_torch_threads()
     fused = x.dim() == 3 and _in_place(out, x) and x.shape[1] >= _FUSED_MIN_CHANNELS
-    if not fused:
-        return compose_moments_forward(sys.modules[__name__], x, out, gamma, beta, eps, act,
-                                       slope)
+    if not fused:  # the composition computes the scale and shift with torch operators
+        return compose_moments_forward(sys.modules[__name__], x, out, torch.as_tensor(gamma),
+                                       torch.as_tensor(beta), eps, act, slope)
     xa = _np(x)
     coef = compute_empty((2, x.shape[1]), xa)
     return torch.from_numpy(_moments_forward_ncs_inplace[act](
