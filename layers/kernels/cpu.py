@@ -208,9 +208,12 @@ def _shifted_four_row_sums(r0, r1, r2, r3, k):
 # batch item and channel by one division per block, not per row: on 7x7 maps (rows of 49
 # values) a 64-bit division per row took a quarter of the statistics pass (measured).
 @_jit_scalar
-def _first_row(start, c):
-    """``(i, j)`` of row ``start`` of an ``(N, C, S)`` view: the one division of a chunk."""
-    return start // c, start % c
+def _chunk_rows(blk, chunks, n, c):
+    """``(start, stop, i, j)``: rows ``start`` to ``stop`` of chunk ``blk`` of ``chunks`` over
+    the ``N * C`` rows of an ``(N, C, S)`` view, and ``(i, j)`` of row ``start`` (the one
+    division of the chunk)."""
+    start, stop = blk * n * c // chunks, (blk + 1) * n * c // chunks
+    return start, stop, start // c, start % c
 
 
 @_jit_scalar
@@ -233,8 +236,7 @@ def _moments_ncs(x, chunks):
         shift[j] = load(x[0, j, 0])
     partial = np.empty((2, n, c), np.float64)  # every entry written below
     for blk in numba.prange(chunks):
-        start, stop = blk * n * c // chunks, (blk + 1) * n * c // chunks
-        i, j = _first_row(start, c)
+        start, stop, i, j = _chunk_rows(blk, chunks, n, c)
         for _ in range(start, stop):
             partial[0, i, j], partial[1, i, j] = _shifted_row_sums(x[i, j], load(x[0, j, 0]))
             i, j = _next_row(i, j, c)
@@ -419,8 +421,7 @@ def _forward_ncs(act):
         n, c, _ = x.shape
         dst = _target(out, x)
         for blk in numba.prange(chunks):
-            start, stop = blk * n * c // chunks, (blk + 1) * n * c // chunks
-            i, j = _first_row(start, c)
+            start, stop, i, j = _chunk_rows(blk, chunks, n, c)
             for _ in range(start, stop):
                 _forward_row(x[i, j], dst[i, j], a[j], b[j], act, slope)
                 i, j = _next_row(i, j, c)
@@ -444,8 +445,7 @@ def _backward_reduce_ncs(act, mode):
         n, c, _ = z.shape
         partial = np.empty((2, n, c), np.float64)  # every entry written below
         for blk in numba.prange(chunks):
-            start, stop = blk * n * c // chunks, (blk + 1) * n * c // chunks
-            i, j = _first_row(start, c)
+            start, stop, i, j = _chunk_rows(blk, chunks, n, c)
             for _ in range(start, stop):
                 s0, s1 = _reduce_row(z[i, j], dz[i, j], x[i, j], p[j], q[j], act, slope,
                                      floor, mode)
@@ -476,8 +476,7 @@ def _backward_input_ncs(act, mode):
         vectorises."""
         n, c, _ = z.shape
         for blk in numba.prange(chunks):
-            start, stop = blk * n * c // chunks, (blk + 1) * n * c // chunks
-            i, j = _first_row(start, c)
+            start, stop, i, j = _chunk_rows(blk, chunks, n, c)
             for _ in range(start, stop):
                 grad = dz[i, j]
                 _input_row(z[i, j], grad, x[i, j], p[j], q[j], coef[0, j], coef[1, j],
