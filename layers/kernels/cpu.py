@@ -514,7 +514,7 @@ def _output(out, x):
 
 
 def _follow_torch_threads():
-    """Give numba's loops torch's thread count.
+    """Give numba's loops torch's thread count; return it.
 
     Launching numba's OpenMP pool (on the first ``set_num_threads``) resets the process's
     OpenMP thread count, which torch's own operators read too: torch's count is restored.
@@ -524,15 +524,19 @@ def _follow_torch_threads():
     if numba.get_num_threads() != wanted:
         numba.set_num_threads(wanted)
         torch.set_num_threads(torch_threads)
+    return wanted
 
 
-def _chunks(rows):
-    """Blocks of consecutive rows a parallel loop is split into: a few per thread.
+def _chunks(view, threads):
+    """Blocks of consecutive rows a parallel loop over the canonical ``view`` is split into: a
+    few per thread (``threads``, as :func:`_follow_torch_threads` returns it).
 
-    The element-wise channels-last loops and every ``(N, C, S)`` kernel but the fused forward
-    use it; the ``(N, C, S)`` reductions keep one partial sum per row, so their results do not
-    depend on it (nor, through it, on the thread count)."""
-    return max(1, min(rows, 4 * numba.get_num_threads()))
+    The rows are the ``N * C`` rows of an ``(N, C, S)`` view or the ``M`` rows of an ``(M, C)``
+    one. The element-wise channels-last loops and every ``(N, C, S)`` kernel but the fused
+    forward use it; the ``(N, C, S)`` reductions keep one partial sum per row, so their results
+    do not depend on it (nor, through it, on the thread count)."""
+    rows = view.numel() // view.shape[-1]
+    return max(1, min(rows, 4 * threads))
 
 
 def _reduction_chunks(rows):
@@ -574,9 +578,9 @@ def moments(x):
     """Per-channel ``[mean, M2]`` (float64, shape ``(2, C)``) of a canonical view."""
     if _empty(x):
         return _nan_moments(x)
-    _follow_torch_threads()
+    threads = _follow_torch_threads()
     if x.dim() == 3:
-        return torch.from_numpy(_moments_ncs(_np(x), _chunks(x.shape[0] * x.shape[1])))
+        return torch.from_numpy(_moments_ncs(_np(x), _chunks(x, threads)))
     return torch.from_numpy(_moments_mc(_np(x), _reduction_chunks(x.shape[0])))
 
 
@@ -608,13 +612,10 @@ def forward(x, out, a, b, act, slope):
     """``out = act(x * a + b)`` per channel; ``out`` may be ``x`` itself."""
     if _empty(x):
         return
-    _follow_torch_threads()
+    threads = _follow_torch_threads()
     xa = _np(x)
-    args = (xa, _output(out, x), _np(a), _np(b), _scalar(slope, xa))
-    if x.dim() == 3:
-        _forward_ncs[act](*args, _chunks(x.shape[0] * x.shape[1]))
-    else:
-        _forward_mc[act](*args, _chunks(x.shape[0]))
+    kernel = _forward_ncs[act] if x.dim() == 3 else _forward_mc[act]
+    kernel(xa, _output(out, x), _np(a), _np(b), _scalar(slope, xa), _chunks(x, threads))
 
 
 def backward_reduce(z, dz, x, p, q, act, slope, mode):
@@ -622,12 +623,11 @@ def backward_reduce(z, dz, x, p, q, act, slope, mode):
     if _empty(z):
         return torch.zeros(2, z.shape[1 if z.dim() == 3 else -1], dtype=torch.float64,
                            device="cpu")
-    _follow_torch_threads()
+    threads = _follow_torch_threads()
     za = _np(z)
     args = (za, _np(dz), _np(x), _np(p), _np(q), _scalar(slope, za), _elu_floor(z))
     if z.dim() == 3:
-        return torch.from_numpy(_backward_reduce_ncs[act, mode](*args,
-                                                               _chunks(z.shape[0] * z.shape[1])))
+        return torch.from_numpy(_backward_reduce_ncs[act, mode](*args, _chunks(z, threads)))
     return torch.from_numpy(_backward_reduce_mc[act, mode](*args,
                                                            _reduction_chunks(z.shape[0])))
 
@@ -644,14 +644,11 @@ def backward_input(z, dz, x, p, q, coef, act, slope, mode, out):
         return
     if not _in_place(out, dz):
         out.copy_(dz)
-    _follow_torch_threads()
+    threads = _follow_torch_threads()
     za = _np(z)
-    args = (za, _np(out), _np(x), _np(p), _np(q), _np(coef), _scalar(slope, za),
-            _elu_floor(z))
-    if z.dim() == 3:
-        _backward_input_ncs[act, mode](*args, _chunks(z.shape[0] * z.shape[1]))
-    else:
-        _backward_input_mc[act, mode](*args, _chunks(z.shape[0]))
+    kernel = _backward_input_ncs[act, mode] if z.dim() == 3 else _backward_input_mc[act, mode]
+    kernel(za, _np(out), _np(x), _np(p), _np(q), _np(coef), _scalar(slope, za), _elu_floor(z),
+           _chunks(z, threads))
 
 
 # --------------------------------------------------------------------------- per-channel steps
