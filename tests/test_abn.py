@@ -944,3 +944,39 @@ def test_results_do_not_depend_on_the_thread_count(cls, channels, channels_last)
     for name, one, two in zip(("output", "input grad", "weight grad", "bias grad",
                                "running var"), *results):
         assert torch.equal(one, two), name
+
+
+def test_ncs_kernels_walk_every_row_for_any_chunking():
+    """The ``(N, C, S)`` CPU kernels split the ``N * C`` rows into chunks and step from row to
+    row without dividing; with every chunk count from 1 to ``N * C`` (chunks that start
+    mid-item and cross into the next batch item included) each kernel matches a float64
+    reference computed with torch operators."""
+    from layers.kernels import common, cpu
+
+    n, c, s, slope = 3, 4, 5, 0.01
+    generator = torch.Generator().manual_seed(11)
+    x, dz = (torch.randn(n, c, s, dtype=torch.float64, generator=generator) for _ in range(2))
+    a, b, p, q = (torch.rand(c, dtype=torch.float64, generator=generator) + 0.5
+                  for _ in range(4))
+    coef = torch.rand(3, c, dtype=torch.float64, generator=generator)
+    z = torch.where(x > 0, x, x * slope)  # a leaky ReLU output, which the backward inverts
+    dy = torch.where(z > 0, dz, dz * slope)
+    v = torch.where(z > 0, z, z / slope)  # MODE_Y: the recovered BN output itself
+    act, mode = common.ACT_LEAKY_RELU, common.MODE_Y
+    floor = cpu._elu_floor(z)
+    for chunks in range(1, n * c + 1):
+        mean, m2 = torch.from_numpy(cpu._moments_ncs(x.numpy(), chunks))
+        torch.testing.assert_close(mean, x.mean((0, 2)))
+        torch.testing.assert_close(m2, ((x - x.mean((0, 2))[:, None]) ** 2).sum((0, 2)))
+        out = torch.empty_like(x)
+        cpu._forward_ncs[act](x.numpy(), out.numpy(), a.numpy(), b.numpy(), slope, chunks)
+        y = x * a[:, None] + b[:, None]
+        torch.testing.assert_close(out, torch.where(y >= 0, y, y * slope))
+        sums = torch.from_numpy(cpu._backward_reduce_ncs[act, mode](
+            z.numpy(), dz.numpy(), z.numpy(), p.numpy(), q.numpy(), slope, floor, chunks))
+        torch.testing.assert_close(sums, torch.stack([dy.sum((0, 2)), (dy * v).sum((0, 2))]))
+        grad = dz.clone()
+        cpu._backward_input_ncs[act, mode](z.numpy(), grad.numpy(), z.numpy(), p.numpy(),
+                                           q.numpy(), coef.numpy(), slope, floor, chunks)
+        k0, k1, k2 = (k[:, None] for k in coef)
+        torch.testing.assert_close(grad, dy * k0 + v * k1 + k2)
