@@ -151,12 +151,13 @@ def _bits_from(builder, value, kind):
     return builder.bitcast(builder.fptrunc(value, _HALF), _I16)
 
 
-_SIXTEEN_BITS = (types.uint16, types.int16, types.float16)
+#: numba types of 16-bit data in the kernels' arrays (and of numba's own float16).
+SIXTEEN_BIT_TYPES = (types.uint16, types.int16, types.float16)
 
 
 def _load_typer(typingctx, value):
     """Typing and code of the compiled :func:`load`."""
-    if value in _SIXTEEN_BITS:
+    if value in SIXTEEN_BIT_TYPES:
         def codegen(context, builder, signature, args):
             return _float32_from(builder, args[0], value)
         return types.float32(value), codegen
@@ -172,7 +173,7 @@ def _store_typer(typingctx, value, out):
     kind = out.dtype
 
     def codegen(context, builder, signature, args):
-        if kind in _SIXTEEN_BITS:
+        if kind in SIXTEEN_BIT_TYPES:
             single = context.cast(builder, args[0], value, types.float32)
             return _bits_from(builder, single, kind)
         return context.cast(builder, args[0], value, kind)
@@ -201,6 +202,6 @@ def compiled_for_cuda():
     return intrinsic(_load_typer), intrinsic(_store_typer)
 
 
-__all__ = ["COMPUTE_DTYPES", "compute_dtype", "epsneg", "cpu_array",
+__all__ = ["COMPUTE_DTYPES", "SIXTEEN_BIT_TYPES", "compute_dtype", "epsneg", "cpu_array",
            "cuda_tensor", "simulator_array", "compute_scalar", "load", "store",
            "compute_empty", "compiled_for_cpu", "compiled_for_cuda"]

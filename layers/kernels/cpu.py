@@ -148,6 +148,31 @@ def _target_overload(out, x):
     return lambda out, x: out
 
 
+#: float32 lanes of an AVX-512 register, the width LLVM vectorises the 16-bit row loops at (in
+#: steps of two registers): see :func:`_split_at_lanes`.
+_LANES = 16
+
+
+def _split_at_lanes(row):
+    """Whether an element-wise loop over the 1-D ``row`` runs as two loops: over the first
+    ``row.size - row.size % _LANES`` elements, then over the rest."""
+
+
+@overload(_split_at_lanes, inline="always")
+def _split_at_lanes_overload(row):
+    # LLVM vectorises a loop of unknown length in steps of 2 * _LANES elements, then what is
+    # left in 4-element steps and a scalar tail. When _LANES or more are left, those 4-element
+    # steps dominate a short row; a first loop whose length LLVM can see is a multiple of
+    # _LANES runs them at full width instead. Measured on 16-bit rows (AMD EPYC, AVX-512, one
+    # thread): normalize + activate and the input gradient 1.4x as fast on 7x7 maps (rows of
+    # 49), 1.7x on 4x4, 1.3x on 9x9, about 1.1x on 28x28 (784), unchanged where fewer are
+    # left (14x14, 10x10) or none. Float rows measured slower split, at every row length: they
+    # keep one loop. Hosts with narrower vectors run the same two loops, correct but not tuned.
+    if row.dtype in codecs.SIXTEEN_BIT_TYPES:
+        return lambda row: row.size % (2 * _LANES) >= _LANES
+    return lambda row: False
+
+
 @_jit_scalar
 def _shifted_row_sums(row, k):
     """``(sum(d), sum(d * d))`` over a 1-D ``row`` with ``d = row - k``, in float64.
@@ -309,9 +334,19 @@ def _moments_mc(x, chunks):
 # the (M, C) view. ``act`` and ``mode`` are constants where a kernel variant inlines it.
 
 @_jit_scalar
-def _forward_row(src, dst, a, b, act, slope):
-    for t in range(src.size):
+def _forward_span(src, dst, start, stop, a, b, act, slope):
+    for t in range(start, stop):
         dst[t] = store(_act_forward(load(src[t]) * a + b, act, slope), dst)
+
+
+@_jit_scalar
+def _forward_row(src, dst, a, b, act, slope):
+    if _split_at_lanes(src):
+        head = src.size - src.size % _LANES
+        _forward_span(src, dst, 0, head, a, b, act, slope)
+        _forward_span(src, dst, head, src.size, a, b, act, slope)
+    else:
+        _forward_span(src, dst, 0, src.size, a, b, act, slope)
 
 
 @_jit_scalar
@@ -359,12 +394,22 @@ def _reduce_rows(z, dz, x, start, stop, p, q, act, slope, floor, mode, sums):
 
 
 @_jit_scalar
-def _input_row(z, dz, x, p, q, k0, k1, k2, act, slope, floor, mode, out):
-    for t in range(z.size):
+def _input_span(z, dz, x, start, stop, p, q, k0, k1, k2, act, slope, floor, mode, out):
+    for t in range(start, stop):
         zt = load(z[t])
         dy = _act_grad(zt, load(dz[t]), act, slope)
         v = _backward_value(zt, load(x[t]), p, q, act, slope, floor, mode)
         out[t] = store(dy * k0 + v * k1 + k2, out)
+
+
+@_jit_scalar
+def _input_row(z, dz, x, p, q, k0, k1, k2, act, slope, floor, mode, out):
+    if _split_at_lanes(z):
+        head = z.size - z.size % _LANES
+        _input_span(z, dz, x, 0, head, p, q, k0, k1, k2, act, slope, floor, mode, out)
+        _input_span(z, dz, x, head, z.size, p, q, k0, k1, k2, act, slope, floor, mode, out)
+    else:
+        _input_span(z, dz, x, 0, z.size, p, q, k0, k1, k2, act, slope, floor, mode, out)
 
 
 @_jit_scalar
