@@ -256,18 +256,18 @@ def _finish_moments(s1, s2, shift, count):
 @_parallel_reduction
 def _moments_ncs(x, chunks):
     n, c, s = x.shape
-    shift = np.empty(c, np.float64)
+    shift = compute_empty(c, x)  # in the compute dtype, so the subtraction stays in it
     for j in range(c):
         shift[j] = load(x[0, j, 0])
     partial = np.empty((2, n, c), np.float64)  # every entry written below
     for blk in numba.prange(chunks):
         start, stop, i, j = _chunk_rows(blk, chunks, n, c)
         for _ in range(start, stop):
-            partial[0, i, j], partial[1, i, j] = _shifted_row_sums(x[i, j], load(x[0, j, 0]))
+            partial[0, i, j], partial[1, i, j] = _shifted_row_sums(x[i, j], shift[j])
             i, j = _next_row(i, j, c)
     sums = _total(partial)
     out = np.empty((2, c), np.float64)
-    out[0], out[1] = _finish_moments(sums[0], sums[1], shift, n * s)
+    out[0], out[1] = _finish_moments(sums[0], sums[1], shift.astype(np.float64), n * s)
     return out
 
 
@@ -642,11 +642,11 @@ def moments_forward(x, out, gamma, beta, eps, act, slope):
     """
     if _empty(x):
         return _nan_moments(x)
-    _follow_torch_threads()
     fused = x.dim() == 3 and _in_place(out, x) and x.shape[1] >= _FUSED_MIN_CHANNELS
     if not fused:  # the composition computes the scale and shift with torch operators
         return compose_moments_forward(sys.modules[__name__], x, out, torch.as_tensor(gamma),
                                        torch.as_tensor(beta), eps, act, slope)
+    _follow_torch_threads()
     xa = _np(x)
     coef = compute_empty((2, x.shape[1]), xa)
     return torch.from_numpy(_moments_forward_ncs_inplace[act](
