@@ -21,12 +21,13 @@ others run the rest.
 """
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+
+from experiments.gpu_selfcheck import layer_tests
 
 DEVICE = os.environ.get("LAYERS_TEST_DEVICE", "cpu")
 DEVICES = ("cpu", "cuda")
@@ -55,9 +56,6 @@ def pytest_configure(config):
         torch.Generator = _DefaultDeviceGenerator
 
 
-#: pytest options of a session in one process: ``addopts``' pytest-xdist workers left out (the
-#: subprocess is one single-threaded job of its own).
-SERIAL = ("-o", "addopts=")
 #: The test that checks the simulator run, and the tests that run in it.
 SIMULATOR_TEST = "test_cudasim_layers.py::test_layers_on_cuda_kernels_under_simulator"
 SIMULATED_FILES = ("test_abn.py", "test_abn_dtypes.py")
@@ -75,9 +73,9 @@ class SimulatorRun:
                if not name.startswith("PYTEST_XDIST")}  # a session of its own, not a worker
         env["LAYERS_KERNELS"] = "cudasim"
         self._log = tempfile.TemporaryFile(mode="w+")
+        # One process (the subprocess is one single-threaded job of its own), no report file.
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "pytest", *SERIAL, "-q", "-m", "kernels",
-             "-p", "no:cacheprovider", *(str(here / name) for name in SIMULATED_FILES)],
+            layer_tests.command(None, [str(here / name) for name in SIMULATED_FILES], "kernels"),
             cwd=here.parent, env=env, stdout=self._log, stderr=subprocess.STDOUT, text=True)
 
     def result(self, timeout=1800):

@@ -27,11 +27,13 @@ DEVICE_VARIABLE = "LAYERS_TEST_DEVICE"
 
 
 def command(junit_path, test_files=TEST_FILES, marker=MARKER):
-    """The pytest command line (a list). One process: ``-o addopts=`` leaves out the
-    pytest-xdist workers of the project's ``addopts``, so that pytest alone is enough."""
+    """The pytest command line (a list) of the ``marker`` tests of ``test_files``, with a JUnit
+    XML report at ``junit_path`` (``None``: none). One process: ``-o addopts=`` leaves out the
+    pytest-xdist workers of the project's ``addopts``, so that pytest alone is enough (the
+    CUDA-simulator run of ``tests/conftest.py`` uses this command line too)."""
+    report = [] if junit_path is None else [f"--junitxml={junit_path}"]
     return [sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-m", marker,
-            "-p", "no:cacheprovider",
-            f"--junitxml={junit_path}", *test_files]
+            "-p", "no:cacheprovider", *report, *test_files]
 
 
 def available_files(root=REPO_ROOT, test_files=TEST_FILES):
