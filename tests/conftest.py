@@ -43,7 +43,18 @@ class _DefaultDeviceGenerator(torch.Generator):
         pass
 
 
+def _share_the_cores():
+    """Give each pytest-xdist worker its share of the cores as torch's thread count (which the
+    CPU kernels follow): with every worker on every core, the parallel loops of the small
+    tensors here wait on threads the other workers hold (a float64 gradcheck ran 6x slower).
+    Tests that need several threads set them themselves. Outside xdist, nothing changes."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers:
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+
+
 def pytest_configure(config):
+    _share_the_cores()
     if DEVICE not in DEVICES:
         raise pytest.UsageError(f"LAYERS_TEST_DEVICE={DEVICE!r} is not supported; allowed: "
                                 f"{', '.join(DEVICES)}")
@@ -72,6 +83,7 @@ class SimulatorRun:
         env = {name: value for name, value in os.environ.items()
                if not name.startswith("PYTEST_XDIST")}  # a session of its own, not a worker
         env["LAYERS_KERNELS"] = "cudasim"
+        env["OMP_NUM_THREADS"] = "1"  # single-threaded Python: a core, not more
         self._log = tempfile.TemporaryFile(mode="w+")
         # One process (the subprocess is one single-threaded job of its own), no report file.
         self._process = subprocess.Popen(
