@@ -46,11 +46,14 @@ class _DefaultDeviceGenerator(torch.Generator):
 def _share_the_cores():
     """Give each pytest-xdist worker its share of the cores as torch's thread count (which the
     CPU kernels follow): with every worker on every core, the parallel loops of the small
-    tensors here wait on threads the other workers hold (a float64 gradcheck ran 6x slower).
-    Tests that need several threads set them themselves. Outside xdist, nothing changes."""
+    tensors here wait on threads the other workers hold (two workers on 2 cores: a float64
+    gradcheck took 36 s instead of under 4). Tests that need several threads set them
+    themselves. Outside xdist, nothing changes."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers:
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count() or 1)  # macOS and Windows have no affinity mask
+        torch.set_num_threads(max(1, cores // workers))
 
 
 def pytest_configure(config):
