@@ -28,7 +28,6 @@ import pytest
 import torch
 
 from experiments.gpu_selfcheck import layer_tests
-from experiments.records import environment
 
 DEVICE = os.environ.get("LAYERS_TEST_DEVICE", "cpu")
 DEVICES = ("cpu", "cuda")
@@ -52,7 +51,9 @@ def _share_the_cores():
     themselves. Outside xdist, nothing changes."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers:
-        torch.set_num_threads(max(1, (environment.usable_cpus() or 1) // workers))
+        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count() or 1)  # macOS and Windows have no affinity mask
+        torch.set_num_threads(max(1, cores // workers))
 
 
 def pytest_configure(config):

@@ -38,7 +38,7 @@ def _cpu_model():
     return None
 
 
-def usable_cpus():
+def _usable_cpus():
     """CPUs this process may run on (the affinity mask), else ``os.cpu_count()``."""
     try:
         return len(os.sched_getaffinity(0))
@@ -87,7 +87,7 @@ def describe_environment(device="cpu"):
         "processor": platform.processor() or None,
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
-        "cpu_count_usable": usable_cpus(),
+        "cpu_count_usable": _usable_cpus(),
         "load_average": _load_average(),
         "threads": {
             "torch": torch.get_num_threads(),
