@@ -51,6 +51,8 @@ def _share_the_cores():
     themselves. Outside xdist, nothing changes."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers:
+        # As experiments.records.environment counts usable CPUs, which cannot be imported here:
+        # it imports numba, before layers could select the CUDA simulator (LAYERS_KERNELS).
         cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                  else os.cpu_count() or 1)  # macOS and Windows have no affinity mask
         torch.set_num_threads(max(1, cores // workers))
