@@ -41,12 +41,16 @@ model trained under autocast). Layouts: contiguous and channels-last inputs are 
 (the kernels' ``(N, C, S)`` and ``(M, C)`` views); any other layout, and an incoming gradient
 laid out unlike the output, is copied once into a canonical view.
 
-Every kernel call goes through the custom operators of :mod:`layers.ops`, whose fake
-implementations let these functions run on ``FakeTensorMode`` and ``meta`` tensors (shapes
-only) and under ``torch.compile(fullgraph=True)``; the value checks that need data (the
-``scale_mode="bn"`` check above) are skipped on tensors without values. The per-channel
-arithmetic around the kernels (:mod:`layers.kernels.per_channel`) runs as compiled loops where
-the CPU kernels run eagerly, else as torch operators (:func:`host_steps`).
+Two paths run the same kernels (:func:`host_steps` picks one). Where the CPU kernels run
+eagerly, the forward and the backward are one call each into the CPU backend
+(``forward_step``, ``backward_step`` of :mod:`layers.kernels.cpu`: the kernels and the
+per-channel arithmetic of :mod:`layers.kernels.per_channel` as compiled loops, back to back).
+Everywhere else every kernel call goes through the custom operators of :mod:`layers.ops`, and
+the per-channel arithmetic runs as torch operators: the operators' fake implementations let
+these functions run on ``FakeTensorMode`` and ``meta`` tensors (shapes only) and under
+``torch.compile(fullgraph=True)``, and the CUDA kernels and synchronised layers take this path
+too. The value checks that need data (the ``scale_mode="bn"`` check above) are skipped on
+tensors without values.
 """
 import math
 import threading
@@ -364,25 +368,31 @@ def _empty_like_layout(x, layout):
 # The per-channel arithmetic around the kernels (scale and shift, statistics, running averages,
 # the backward's coefficients) is that of :mod:`layers.kernels.per_channel`, run one of two
 # ways: as torch operators on vectors of C values, or, where the CPU kernels run eagerly, as
-# one compiled loop over the channels per step (``layers.kernels.cpu.channel_*``). A torch
-# operator on a few dozen values costs 2-4 us (measured on a 2-core AMD EPYC machine); on small
-# tensors the two dozen of them cost more than the kernels.
+# one compiled loop over the channels per step, inside the CPU backend's whole forward or
+# backward step (``layers.kernels.cpu.forward_step``, ``backward_step``). A torch operator on a
+# few dozen values costs 2-4 us (measured on a 2-core AMD EPYC machine); on small tensors the
+# two dozen of them, and the Python between separate kernel calls, cost more than the kernels.
 _HOST_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 def host_steps(x, group=None, flag=None, vectors=()):
-    """Whether the per-channel steps of a call on ``x`` run as compiled CPU loops.
+    """Whether a forward or backward on ``x`` runs as one call into the CPU backend (its
+    kernels and its compiled per-channel loops), not through the operators of :mod:`layers.ops`
+    with the per-channel steps as torch operators.
 
-    They do where ``x`` runs the CPU kernels and calls them directly
+    It does where ``x`` runs the CPU kernels and calls them directly
     (:func:`layers.ops.runs_directly`: not fake, not on ``meta``, not under ``torch.compile``
     or a ``TorchDispatchMode``), no ``group`` is synchronised, no device ``flag`` (``skip``,
     ``poison``) is set and each of the per-channel ``vectors`` (weight, bias, running
-    statistics) is ``None`` or float32/float64; elsewhere they are torch operators.
+    statistics) is ``None`` or float32/float64.
     """
     if (flag is not None or not host_kernels(x) or not ops.runs_directly(x)
             or distributed.active(group)):
         return False
-    return all(v is None or v.dtype in _HOST_DTYPES for v in vectors)
+    for vector in vectors:  # a loop, not all() over a generator: called twice per step
+        if vector is not None and vector.dtype not in _HOST_DTYPES:
+            return False
+    return True
 
 
 def scale_and_shift(weight, bias, channels, eps, scale_mode, like):
@@ -439,26 +449,24 @@ def normalize_activate_into(x, out, weight, bias, running_mean, running_var, tra
     only): a ``(1,)`` bool device flag; where it is set, neither ``out`` nor the running
     statistics are written.
     """
-    host = host_steps(x, group, skip, (weight, bias, running_mean, running_var))
     layout = _layout(x) or "ncs"  # any other layout runs on a contiguous copy
     view = _view(x, layout)
     out_view = view if out is x else _view(out, layout)
     channels = x.shape[1]
     count = view.numel() // channels
-    if host:
-        state = np.empty((6, channels))
-        kernels_cpu = backend(x)
-        kernels_cpu.channel_scale(weight, bias, eps, scale_mode == "abs", state)
-        gamma, beta = state[0], state[1]
-    else:
-        gamma, beta, dgamma_dweight = scale_and_shift(weight, bias, channels, eps, scale_mode,
-                                                      x)
+    if host_steps(x, group, skip, (weight, bias, running_mean, running_var)):
+        if training:
+            _check_count(count, view)
+        state = backend(x).forward_step(view, out_view, weight, bias, running_mean,
+                                        running_var, training, momentum, eps, act, slope,
+                                        scale_mode == "abs")
+        _bump_version(out_view)
+        _write_back(out, out_view, layout)
+        return torch.from_numpy(state)
+    gamma, beta, dgamma_dweight = scale_and_shift(weight, bias, channels, eps, scale_mode, x)
     if not training:
-        if host:
-            kernels_cpu.channel_running_statistics(running_mean, running_var, count, eps, state)
-        else:
-            mean = running_mean.double()
-            rstd = per_channel.batch_rstd(running_var.double(), 1, eps)
+        mean = running_mean.double()
+        rstd = per_channel.batch_rstd(running_var.double(), 1, eps)
         applied = False
     elif not distributed.active(group):  # statistics and output in one pass over the input
         _check_count(count, view)
@@ -466,13 +474,9 @@ def normalize_activate_into(x, out, weight, bias, running_mean, running_var, tra
             stats = ops.moments_normalize_act_(view, gamma, beta, eps, act, slope, skip)
         else:
             stats = ops.moments_normalize_act_out(view, out_view, gamma, beta, eps, act, slope)
-        if host:
-            kernels_cpu.channel_batch_statistics(stats.numpy(), count, eps, momentum,
-                                                 running_mean, running_var, state)
-        else:
-            mean, m2 = stats
-            rstd = _batch_statistics(mean, m2, count, running_mean, running_var, momentum, eps,
-                                     skip)
+        mean, m2 = stats
+        rstd = _batch_statistics(mean, m2, count, running_mean, running_var, momentum, eps,
+                                 skip)
         applied = True
     else:
         # A rank of a synchronised layer may hold no element at all: it contributes nothing.
@@ -483,15 +487,20 @@ def normalize_activate_into(x, out, weight, bias, running_mean, running_var, tra
         rstd = _batch_statistics(mean, m2, count, running_mean, running_var, momentum, eps,
                                  skip)
         applied = False
-    if host:
-        channel = torch.from_numpy(state)
-    else:
-        counts = torch.full_like(mean, float(count))
-        channel = torch.stack([gamma, beta, dgamma_dweight, mean, rstd, counts])
+    counts = torch.full_like(mean, float(count))
+    channel = torch.stack([gamma, beta, dgamma_dweight, mean, rstd, counts])
     if not applied:
         _apply(view, out_view, channel, act, slope, skip)
     _write_back(out, out_view, layout)
     return channel
+
+
+def _bump_version(tensor):
+    """Count a write to ``tensor`` made by the CPU kernels called directly, as the custom
+    operators of :mod:`layers.ops` do (autograd's check that a saved tensor was not
+    overwritten relies on it)."""
+    if not tensor.is_inference():  # inference tensors have no version counter
+        torch.autograd.graph.increment_version(tensor)
 
 
 def reapply_into(x, out, channel, act, slope):
@@ -585,50 +594,44 @@ def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True, poison
     gradient is NaN (a forward refused on the device left ``z`` unwritten), without a host
     synchronisation.
     """
-    host = host_steps(z, spec.group, poison) and spec.param_dtype in _HOST_DTYPES
     layout = _layout(z) or "ncs"
     z_view, dz_view = _view(z, layout), _view(dz, layout)
     reuse_dz = dz_owned or not _is_in(dz, layout)  # owned, or a copy made here
     x_view = None if x is None else _view(x, layout)
-    compute = codecs.compute_dtype(z.dtype)
-    from_x = spec.mode == common.MODE_XHAT_FROM_X
-    variant_y = spec.mode == common.MODE_Y
-    if host:
-        kernels_cpu, state = backend(z), channel.numpy()
-        pq = np.empty((2, z.shape[1]), _HOST_DTYPES[compute])
-        kernels_cpu.channel_value_coefficients(state, from_x, pq)
-        p, q = pq[0], pq[1]
-    else:
-        gamma, beta, dgamma_dweight, mean, rstd, _ = channel
-        if from_x:
-            p, q = rstd, -mean * rstd
-        else:  # v recovered from z; p, q only used by variant I
-            p, q = 1.0 / gamma, -beta / gamma
-        p, q = p.to(compute), q.to(compute)
-    local = ops.backward_reduce(z_view, dz_view, x_view, p, q, spec.act, spec.slope, spec.mode)
-    if host:  # no group: the local sums are the global ones
-        coef = np.empty((3, z.shape[1]), pq.dtype) if input_grad else None
-        param = _HOST_DTYPES[spec.param_dtype]
-        dweight = np.empty(z.shape[1], param) if spec.has_weight else None
-        dbias = np.empty(z.shape[1], param) if spec.has_bias else None
-        kernels_cpu.channel_gradients(state, local.numpy(), spec.training, variant_y, coef,
-                                      dweight, dbias)
-        dweight, dbias = (None if a is None else torch.from_numpy(a)
-                          for a in (dweight, dbias))
-    else:
-        if poison is not None:
-            local = torch.where(poison, math.nan, local)
-        coef = None
+    if host_steps(z, spec.group, poison) and spec.param_dtype in _HOST_DTYPES:
+        if input_grad and not reuse_dz:
+            dz_view = dz_view.clone()
+        dweight, dbias = backend(z).backward_step(
+            z_view, dz_view, x_view, channel.numpy(), spec.act, spec.slope, spec.mode,
+            spec.training, input_grad, _HOST_DTYPES[spec.param_dtype], spec.has_weight,
+            spec.has_bias)
+        dx = None
         if input_grad:
-            sums = (distributed.all_reduce_sum(local.clone(), spec.group) if spec.training
-                    else local)
-            coef = _input_gradient_coefficients(channel, sums, spec.training, variant_y)
-            if poison is not None:  # dx = dy * k0 + v * k1 + k2: NaN wherever the k are
-                coef = torch.where(poison, math.nan, coef)
-            coef = coef.to(compute)
-        dgamma = per_channel.scale_gradient(gamma, beta, local[0], local[1], variant_y)
-        dweight = (dgamma * dgamma_dweight).to(spec.param_dtype) if spec.has_weight else None
-        dbias = local[0].to(spec.param_dtype) if spec.has_bias else None
+            _bump_version(dz_view)
+            dx = _unview(dz_view, layout, z.shape)
+        return dx, _optional_tensor(dweight), _optional_tensor(dbias)
+    compute = codecs.compute_dtype(z.dtype)
+    variant_y = spec.mode == common.MODE_Y
+    gamma, beta, dgamma_dweight, mean, rstd, _ = channel
+    if spec.mode == common.MODE_XHAT_FROM_X:
+        p, q = rstd, -mean * rstd
+    else:  # v recovered from z; p, q only used by variant I
+        p, q = 1.0 / gamma, -beta / gamma
+    p, q = p.to(compute), q.to(compute)
+    local = ops.backward_reduce(z_view, dz_view, x_view, p, q, spec.act, spec.slope, spec.mode)
+    if poison is not None:
+        local = torch.where(poison, math.nan, local)
+    coef = None
+    if input_grad:
+        sums = (distributed.all_reduce_sum(local.clone(), spec.group) if spec.training
+                else local)
+        coef = _input_gradient_coefficients(channel, sums, spec.training, variant_y)
+        if poison is not None:  # dx = dy * k0 + v * k1 + k2: NaN wherever the k are
+            coef = torch.where(poison, math.nan, coef)
+        coef = coef.to(compute)
+    dgamma = per_channel.scale_gradient(gamma, beta, local[0], local[1], variant_y)
+    dweight = (dgamma * dgamma_dweight).to(spec.param_dtype) if spec.has_weight else None
+    dbias = local[0].to(spec.param_dtype) if spec.has_bias else None
     dx = None
     if input_grad:
         args = (z_view, dz_view, x_view, p, q, coef, spec.act, spec.slope, spec.mode)
@@ -639,6 +642,11 @@ def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True, poison
             dx_view = ops.backward_input(*args)
         dx = _unview(dx_view, layout, z.shape)
     return dx, dweight, dbias
+
+
+def _optional_tensor(array):
+    """A tensor sharing the memory of the numpy ``array`` (``None`` stays ``None``)."""
+    return None if array is None else torch.from_numpy(array)
 
 
 def owned_gradient(grad):

@@ -11,6 +11,7 @@ import torch.nn as nn
 
 import layers
 from abn_reference import INVERTIBLE, composite, reference_step
+from in_place_gradient import spy_in_place_backward
 
 kernels = pytest.mark.kernels
 
@@ -270,19 +271,6 @@ def test_sum_backward():
 
 
 # --------------------------------------------------------------------------- reused gradient
-def spy_in_place_backward(monkeypatch):
-    """The calls of the kernel that writes the outgoing gradient over the incoming one."""
-    calls = []
-    original = layers.ops.backward_input_
-
-    def counting(*args):
-        calls.append(args[1].data_ptr())
-        return original(*args)
-
-    monkeypatch.setattr(layers.ops, "backward_input_", counting)
-    return calls
-
-
 def conv_norm_graph(norm_kind, generator):
     """``conv`` -> the norm (an ABN layer, or its composite twin) as float64 modules."""
     conv = nn.Conv2d(3, 4, 3, padding=1).double()

@@ -14,6 +14,7 @@ from experiments import bench_kernels
 from experiments.records.atomic import write_json_atomic
 from experiments.records.environment import describe_environment
 from experiments.measure.timing import time_callable
+from in_place_gradient import spy_in_place_backward
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -140,16 +141,7 @@ def test_goals_thresholds_follow_the_shape(shape, speedup_goal, traffic_goals):
 
 def test_fwd_bwd_hands_the_incoming_gradient_over_as_a_network_does(monkeypatch):
     """The layer's backward gets a gradient no one else holds, and writes its own over it."""
-    from layers import ops
-
-    overwritten = []
-    original = ops.backward_input_
-
-    def spy(*args):
-        overwritten.append(args[1].shape)
-        return original(*args)
-
-    monkeypatch.setattr(ops, "backward_input_", spy)
+    overwritten = spy_in_place_backward(monkeypatch)
     src, grad = torch.randn(2, 3, 4, 4), torch.randn(2, 3, 4, 4)
     c = bench_kernels.Contenders(src, grad)
     for variant in ("I", "II"):

@@ -228,21 +228,26 @@ def test_overwriting_a_tensor_saved_by_another_operation_is_caught_by_autograd()
 @pytest.mark.parametrize("cls,variant", [(InPlaceABN, "I"), (InPlaceABN, "II"), (ABN, None)])
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_compiled_per_channel_steps_equal_the_torch_ones(cls, variant, training, layout):
-    """The per-channel arithmetic as compiled loops (eager CPU kernels) against the same
-    formulas as torch operators (under a pass-through dispatch mode): output, gradients and
-    running statistics, in
-    float64 and float32 (a float32 layer's parameters, statistics and gradients), scale modes
-    ``abs`` and ``bn``."""
+@pytest.mark.parametrize("channels", [SHAPE[1], 40], ids=["few-channels", "fused"])
+def test_whole_steps_equal_the_operators_and_torch_per_channel_steps(cls, variant, training,
+                                                                     layout, channels):
+    """The eager CPU path (``cpu.forward_step`` and ``backward_step``: the kernels and the
+    per-channel arithmetic as compiled loops, in one call each where the view allows) against
+    the custom operators and the same formulas as torch operators (under a pass-through
+    dispatch mode): output, gradients and running statistics, in float64 and float32 (a
+    float32 layer's parameters, statistics and gradients), scale modes ``abs`` and ``bn``.
+    From 32 channels on, the in-place training forward fuses statistics and output per
+    channel (``fused``)."""
+    shape = (SHAPE[0], channels) + SHAPE[2:]
     for dtype, scale_mode in ((torch.float64, "abs"), (torch.float32, "bn")):
         generator = torch.Generator().manual_seed(5)
-        x = laid_out(torch.randn(SHAPE, generator=generator, dtype=dtype) * 2 + 1, layout)
-        grad = torch.randn(SHAPE, generator=generator, dtype=dtype)
+        x = laid_out(torch.randn(shape, generator=generator, dtype=dtype) * 2 + 1, layout)
+        grad = torch.randn(shape, generator=generator, dtype=dtype)
         kwargs = dict(activation="leaky_relu", activation_param=0.1, scale_mode=scale_mode,
                       dtype=dtype)
         if variant is not None:
             kwargs["variant"] = variant
-        layer = cls(SHAPE[1], **kwargs).train(training)
+        layer = cls(channels, **kwargs).train(training)
         with torch.no_grad():
             layer.weight.uniform_(0.5, 1.5, generator=generator)
             layer.bias.uniform_(-1, 1, generator=generator)

@@ -13,13 +13,18 @@ Two modules implement one API on the canonical views of :mod:`layers.kernels.com
 Data arrays may hold float64, float32, float16 or bfloat16; per-channel vectors and scalars are
 in the compute dtype (float32 for 16-bit data, see :mod:`layers.kernels.codecs`).
 
-The CPU backend also runs the per-channel arithmetic around these kernels
-(:mod:`layers.kernels.per_channel`) as one compiled loop over the channels per step
-(``channel_scale``, ``channel_batch_statistics``, ``channel_running_statistics``,
-``channel_value_coefficients``, ``channel_gradients``), which :mod:`layers.functional` uses
-where the CPU kernels run eagerly; elsewhere the same formulas run as torch operators. There
-the kernels' per-channel vectors may also be numpy arrays (the rows those loops write), which
-the CPU kernels take as they are, without a round trip through torch tensors.
+The CPU backend also runs a layer's whole forward and whole backward as one call each::
+
+    forward_step(x, out, weight, bias, running_mean, running_var, training, momentum, eps,
+                 act, slope, abs_mode) -> (6, C) float64 per-channel state
+    backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param_dtype,
+                  has_weight, has_bias) -> (dweight, dbias)   # input gradient over dz
+
+the kernels above and the per-channel arithmetic around them (:mod:`layers.kernels.per_channel`)
+as compiled loops over the channels, back to back, which :mod:`layers.functional` uses where the
+CPU kernels run eagerly; elsewhere the same formulas run as torch operators between calls of
+the kernels above. The CPU kernels take their per-channel vectors as torch tensors or as numpy
+arrays (the rows those loops write).
 
 The CUDA backend's ``forward`` and ``moments_forward`` also take ``skip``, a ``(1,)`` bool
 tensor on the device: while it holds ``True`` they write nothing (``DEVICE_GUARD``), which lets

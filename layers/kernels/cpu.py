@@ -44,6 +44,7 @@ All functions compile lazily on first use and are cached on disk, keyed on this 
 """
 import functools
 import sys
+import threading
 
 import numba
 import numpy as np
@@ -426,6 +427,74 @@ def _input_rows(z, dz, x, start, stop, p, q, coef, act, slope, floor, mode, out)
             out[r, j] = store(dy * coef[0, j] + v * coef[1, j] + coef[2, j], out)
 
 
+# --------------------------------------------------------------------------- passes
+# Whole passes over an (N, C, S) view, each one parallel loop, shared by the kernels below and
+# the whole steps at the end of the module. Inlined, they compile with the caller's
+# floating-point options.
+
+@_jit_scalar
+def _moments_normalize_ncs(x, gamma, beta, eps, act, slope, coef):
+    """Per channel (in parallel): the statistics, then the output in place while the channel
+    is in cache. Returns the (2, C) ``[mean, M2]``; ``coef`` (a (2, C) array of the compute
+    dtype) receives each channel's scale and shift."""
+    n, c, s = x.shape
+    result = np.empty((2, c), np.float64)
+    for j in numba.prange(c):
+        s1 = 0.0
+        s2 = 0.0
+        shift = load(x[0, j, 0])
+        grouped = n - n % 4  # rows read four at a time (:func:`_shifted_four_row_sums`)
+        for i in range(0, grouped, 4):
+            r1, r2 = _shifted_four_row_sums(x[i, j], x[i + 1, j], x[i + 2, j],
+                                            x[i + 3, j], shift)
+            s1 += r1
+            s2 += r2
+        for i in range(grouped, n):
+            r1, r2 = _shifted_row_sums(x[i, j], shift)
+            s1 += r1
+            s2 += r2
+        mean, m2 = _finish_moments(s1, s2, shift, n * s)
+        result[0, j] = mean
+        result[1, j] = m2
+        scale = gamma[j] / np.sqrt(m2 / (n * s) + eps)
+        coef[0, j] = scale  # through coef, a and b take the compute dtype
+        coef[1, j] = beta[j] - mean * scale
+        for i in range(n):
+            row = x[i, j]
+            _forward_row(row, row, coef[0, j], coef[1, j], act, slope)
+    return result
+
+
+@_jit_scalar
+def _reduce_ncs(z, dz, x, p, q, act, slope, floor, mode, chunks):
+    """``[sum dy, sum dy * v]`` per channel of an ``(N, C, S)`` view (rows in parallel)."""
+    n, c, _ = z.shape
+    partial = np.empty((2, n, c), np.float64)  # every entry written below
+    for blk in numba.prange(chunks):
+        start, stop, i, j = _chunk_rows(blk, chunks, n, c)
+        for _ in range(start, stop):
+            s0, s1 = _reduce_row(z[i, j], dz[i, j], x[i, j], p[j], q[j], act, slope, floor,
+                                 mode)
+            partial[0, i, j] = s0
+            partial[1, i, j] = s1
+            i, j = _next_row(i, j, c)
+    return _total(partial)
+
+
+@_jit_scalar
+def _input_ncs(z, dz, x, p, q, coef, act, slope, floor, mode, chunks):
+    """The input gradient of an ``(N, C, S)`` view over ``dz`` (rows in parallel): the row
+    read and written is one value, which LLVM vectorises."""
+    n, c, _ = z.shape
+    for blk in numba.prange(chunks):
+        start, stop, i, j = _chunk_rows(blk, chunks, n, c)
+        for _ in range(start, stop):
+            grad = dz[i, j]
+            _input_row(z[i, j], grad, x[i, j], p[j], q[j], coef[0, j], coef[1, j], coef[2, j],
+                       act, slope, floor, mode, grad)
+            i, j = _next_row(i, j, c)
+
+
 # --------------------------------------------------------------------------- kernels
 # Each kernel is a template: ``_Variants`` compiles one dispatcher per activation (and mode),
 # which the closure's ``act`` (and ``mode``) make constants.
@@ -433,34 +502,7 @@ def _input_rows(z, dz, x, start, stop, p, q, coef, act, slope, floor, mode, out)
 @_Variants(_parallel_reduction, _ACTS)
 def _moments_forward_ncs_inplace(act):
     def kernel(x, gamma, beta, eps, slope, coef):
-        """Per channel: the statistics, then the output in place while the channel is in
-        cache."""
-        n, c, s = x.shape
-        result = np.empty((2, c), np.float64)
-        for j in numba.prange(c):
-            s1 = 0.0
-            s2 = 0.0
-            shift = load(x[0, j, 0])
-            grouped = n - n % 4  # rows read four at a time (:func:`_shifted_four_row_sums`)
-            for i in range(0, grouped, 4):
-                r1, r2 = _shifted_four_row_sums(x[i, j], x[i + 1, j], x[i + 2, j],
-                                                x[i + 3, j], shift)
-                s1 += r1
-                s2 += r2
-            for i in range(grouped, n):
-                r1, r2 = _shifted_row_sums(x[i, j], shift)
-                s1 += r1
-                s2 += r2
-            mean, m2 = _finish_moments(s1, s2, shift, n * s)
-            result[0, j] = mean
-            result[1, j] = m2
-            scale = gamma[j] / np.sqrt(m2 / (n * s) + eps)
-            coef[0, j] = scale  # through coef, a and b take the compute dtype
-            coef[1, j] = beta[j] - mean * scale
-            for i in range(n):
-                row = x[i, j]
-                _forward_row(row, row, coef[0, j], coef[1, j], act, slope)
-        return result
+        return _moments_normalize_ncs(x, gamma, beta, eps, act, slope, coef)
     return kernel
 
 
@@ -491,17 +533,7 @@ def _forward_mc(act):
 @_Variants(_parallel_reduction, _ACT_MODES)
 def _backward_reduce_ncs(act, mode):
     def kernel(z, dz, x, p, q, slope, floor, chunks):
-        n, c, _ = z.shape
-        partial = np.empty((2, n, c), np.float64)  # every entry written below
-        for blk in numba.prange(chunks):
-            start, stop, i, j = _chunk_rows(blk, chunks, n, c)
-            for _ in range(start, stop):
-                s0, s1 = _reduce_row(z[i, j], dz[i, j], x[i, j], p[j], q[j], act, slope,
-                                     floor, mode)
-                partial[0, i, j] = s0
-                partial[1, i, j] = s1
-                i, j = _next_row(i, j, c)
-        return _total(partial)
+        return _reduce_ncs(z, dz, x, p, q, act, slope, floor, mode, chunks)
     return kernel
 
 
@@ -521,16 +553,8 @@ def _backward_reduce_mc(act, mode):
 @_Variants(_parallel, _ACT_MODES)
 def _backward_input_ncs(act, mode):
     def kernel(z, dz, x, p, q, coef, slope, floor, chunks):
-        """In place over ``dz``: the row read and written is one value, which LLVM
-        vectorises."""
-        n, c, _ = z.shape
-        for blk in numba.prange(chunks):
-            start, stop, i, j = _chunk_rows(blk, chunks, n, c)
-            for _ in range(start, stop):
-                grad = dz[i, j]
-                _input_row(z[i, j], grad, x[i, j], p[j], q[j], coef[0, j], coef[1, j],
-                           coef[2, j], act, slope, floor, mode, grad)
-                i, j = _next_row(i, j, c)
+        """In place over ``dz``."""
+        _input_ncs(z, dz, x, p, q, coef, act, slope, floor, mode, chunks)
     return kernel
 
 
@@ -562,17 +586,29 @@ def _output(out, x):
     return None if _in_place(out, x) else _np(out)
 
 
+#: Per thread (numba's count is a thread's own): torch's count when numba's was last matched to
+#: it, and the count numba's loops then got.
+_threads_matched = threading.local()
+
+
 def _follow_torch_threads():
     """Give numba's loops torch's thread count; return it.
 
-    Launching numba's OpenMP pool (on the first ``set_num_threads``) resets the process's
-    OpenMP thread count, which torch's own operators read too: torch's count is restored.
+    numba's count is read and set only when torch's has changed since the last call on this
+    thread: reading it takes a lock and a foreign-function call, several times per layer and
+    step otherwise. A count set on numba alone in between (``numba.set_num_threads``) lasts
+    until torch's changes; the results do not depend on it. Launching numba's OpenMP pool (on
+    the first ``set_num_threads``) resets the process's OpenMP thread count, which torch's own
+    operators read too: torch's count is restored.
     """
     torch_threads = torch.get_num_threads()
+    if getattr(_threads_matched, "torch", None) == torch_threads:
+        return _threads_matched.numba
     wanted = min(torch_threads, numba.config.NUMBA_NUM_THREADS)
     if numba.get_num_threads() != wanted:
         numba.set_num_threads(wanted)
         torch.set_num_threads(torch_threads)
+    _threads_matched.torch, _threads_matched.numba = torch_threads, wanted
     return wanted
 
 
@@ -644,17 +680,28 @@ def moments_forward(x, out, gamma, beta, eps, act, slope):
     measured slower than the row-wise ``forward``.
     ``gamma``, ``beta``: float64 ``(C,)``. An empty view writes nothing; its moments are NaN.
     """
+    return torch.from_numpy(_moments_forward(x, out, gamma, beta, eps, act, slope))
+
+
+def _fuses_statistics(x, out):
+    """Whether the training forward on the non-empty view ``x`` computes each channel's
+    statistics and output back to back (see :func:`moments_forward`)."""
+    return x.dim() == 3 and _in_place(out, x) and x.shape[1] >= _FUSED_MIN_CHANNELS
+
+
+def _moments_forward(x, out, gamma, beta, eps, act, slope):
+    """:func:`moments_forward`, returning the moments as a numpy array."""
     if _empty(x):
-        return _nan_moments(x)
-    fused = x.dim() == 3 and _in_place(out, x) and x.shape[1] >= _FUSED_MIN_CHANNELS
-    if not fused:  # the composition computes the scale and shift with torch operators
+        return _nan_moments(x).numpy()
+    if not _fuses_statistics(x, out):  # the composition computes the scale and shift with
+        # torch operators
         return compose_moments_forward(sys.modules[__name__], x, out, torch.as_tensor(gamma),
-                                       torch.as_tensor(beta), eps, act, slope)
+                                       torch.as_tensor(beta), eps, act, slope).numpy()
     _follow_torch_threads()
     xa = _np(x)
     coef = compute_empty((2, x.shape[1]), xa)
-    return torch.from_numpy(_moments_forward_ncs_inplace[act](
-        xa, _np(gamma), _np(beta), float(eps), _scalar(slope, xa), coef))
+    return _moments_forward_ncs_inplace[act](xa, _np(gamma), _np(beta), float(eps),
+                                             _scalar(slope, xa), coef)
 
 
 def forward(x, out, a, b, act, slope):
@@ -669,16 +716,19 @@ def forward(x, out, a, b, act, slope):
 
 def backward_reduce(z, dz, x, p, q, act, slope, mode):
     """``[sum(dy), sum(dy * v)]`` per channel (float64, shape ``(2, C)``)."""
+    return torch.from_numpy(_backward_sums(z, _np(z), _np(dz), _np(x), p, q, act, slope, mode))
+
+
+def _backward_sums(z, za, dza, xa, p, q, act, slope, mode):
+    """:func:`backward_reduce` on the arrays ``za``, ``dza``, ``xa`` of the view ``z``, ``dz``
+    and ``x``, returning a numpy array."""
     if _empty(z):
-        return torch.zeros(2, z.shape[1 if z.dim() == 3 else -1], dtype=torch.float64,
-                           device="cpu")
+        return np.zeros((2, z.shape[1 if z.dim() == 3 else -1]))
     threads = _follow_torch_threads()
-    za = _np(z)
-    args = (za, _np(dz), _np(x), _np(p), _np(q), _scalar(slope, za), _elu_floor(z))
+    args = (za, dza, xa, _np(p), _np(q), _scalar(slope, za), _elu_floor(z))
     if z.dim() == 3:
-        return torch.from_numpy(_backward_reduce_ncs[act, mode](*args, _chunks(z, threads)))
-    return torch.from_numpy(_backward_reduce_mc[act, mode](*args,
-                                                           _reduction_chunks(z.shape[0])))
+        return _backward_reduce_ncs[act, mode](*args, _chunks(z, threads))
+    return _backward_reduce_mc[act, mode](*args, _reduction_chunks(z.shape[0]))
 
 
 def backward_input(z, dz, x, p, q, coef, act, slope, mode, out):
@@ -693,10 +743,15 @@ def backward_input(z, dz, x, p, q, coef, act, slope, mode, out):
         return
     if not _in_place(out, dz):
         out.copy_(dz)
+    _input_gradient_in_place(z, _np(z), _np(out), _np(x), p, q, coef, act, slope, mode)
+
+
+def _input_gradient_in_place(z, za, dza, xa, p, q, coef, act, slope, mode):
+    """:func:`backward_input` over ``dza`` itself, on the arrays of the views ``z``, ``dz``
+    and ``x`` (``z`` not empty)."""
     threads = _follow_torch_threads()
-    za = _np(z)
     kernel = _backward_input_ncs[act, mode] if z.dim() == 3 else _backward_input_mc[act, mode]
-    kernel(za, _np(out), _np(x), _np(p), _np(q), _np(coef), _scalar(slope, za), _elu_floor(z),
+    kernel(za, dza, xa, _np(p), _np(q), _np(coef), _scalar(slope, za), _elu_floor(z),
            _chunks(z, threads))
 
 
@@ -716,6 +771,8 @@ _input_gradient_coefficients = _jit_scalar(per_channel.input_gradient_coefficien
 
 @_serial
 def _channel_scale(weight, bias, eps, abs_mode, state):
+    """Rows ``gamma, beta, dgamma_dweight`` of ``state`` from ``weight`` and ``bias`` (arrays,
+    or ``None``: scale 1, shift 0)."""
     for j in range(state.shape[1]):
         if weight is None:
             state[0, j], state[2, j] = 1.0, 0.0
@@ -728,6 +785,8 @@ def _channel_scale(weight, bias, eps, abs_mode, state):
 
 @_serial
 def _channel_batch_statistics(moments, count, eps, momentum, running_mean, running_var, state):
+    """Rows ``mean, rstd, count`` of ``state`` from the batch's ``[mean, M2]`` (``moments``),
+    and the running statistics (arrays, or ``None``) updated as ``nn.BatchNorm2d`` does."""
     for j in range(state.shape[1]):
         mean, m2 = moments[0, j], moments[1, j]
         state[3, j], state[4, j], state[5, j] = mean, _batch_rstd(m2, count, eps), count
@@ -739,6 +798,7 @@ def _channel_batch_statistics(moments, count, eps, momentum, running_mean, runni
 
 @_serial
 def _channel_running_statistics(running_mean, running_var, count, eps, state):
+    """Rows ``mean, rstd, count`` of ``state`` from the running statistics (eval)."""
     for j in range(state.shape[1]):
         state[3, j] = running_mean[j]
         state[4, j] = _batch_rstd(np.float64(running_var[j]), 1, eps)
@@ -747,6 +807,8 @@ def _channel_running_statistics(running_mean, running_var, count, eps, state):
 
 @_serial
 def _channel_value_coefficients(state, from_x, pq):
+    """``pq`` = ``[p, q]`` of the backward's value ``v`` (:mod:`.common`): from the stored input
+    (``from_x``) or from ``y``."""
     for j in range(state.shape[1]):
         if from_x:  # v = x_hat = x * rstd - mean * rstd
             pq[0, j], pq[1, j] = state[4, j], -state[3, j] * state[4, j]
@@ -756,6 +818,9 @@ def _channel_value_coefficients(state, from_x, pq):
 
 @_serial
 def _channel_gradients(state, sums, training, variant_y, coef, dweight, dbias):
+    """The backward's per-channel results from the global sums ``[sum dy, sum dy * v]``:
+    ``coef`` (or ``None``: no input gradient) the input gradient's ``(k0, k1, k2)``,
+    ``dweight`` and ``dbias`` (or ``None``) the parameter gradients."""
     for j in range(state.shape[1]):
         gamma, beta, rstd, count = state[0, j], state[1, j], state[4, j], state[5, j]
         sum_dy, sum_dy_v = sums[0, j], sums[1, j]
@@ -777,35 +842,108 @@ def _optional(t):
     return None if t is None else _np(t)
 
 
-def channel_scale(weight, bias, eps, abs_mode, state):
-    """Rows ``gamma, beta, dgamma_dweight`` of ``state`` from ``weight`` and ``bias``
-    (float32 or float64 tensors, or ``None``: scale 1, shift 0)."""
-    _channel_scale(_optional(weight), _optional(bias), float(eps), bool(abs_mode), state)
+# --------------------------------------------------------------------------- whole steps
+# Where the CPU kernels run eagerly, :mod:`layers.functional` runs a layer's forward and its
+# backward as one call each. On small tensors the Python between separate calls, and each
+# call's start of numba's threads, more than the kernels, make up a step's time. The in-place
+# training forward and the backward of (N, C, S) views are then one compiled call each (the
+# passes and the per-channel loops above); other views run the kernels one by one, their
+# arrays made once.
+
+@_Variants(_parallel_reduction, _ACTS)
+def _forward_step_ncs_inplace(act):
+    def kernel(x, weight, bias, running_mean, running_var, eps, momentum, abs_mode, slope,
+               state):
+        """The training forward in place: the scale, the statistics and output channel by
+        channel, the batch and running statistics; the per-channel state into ``state``."""
+        n, c, s = x.shape
+        _channel_scale(weight, bias, eps, abs_mode, state)
+        coef = compute_empty((2, c), x)
+        moments = _moments_normalize_ncs(x, state[0], state[1], eps, act, slope, coef)
+        _channel_batch_statistics(moments, n * s, eps, momentum, running_mean, running_var,
+                                  state)
+    return kernel
 
 
-def channel_batch_statistics(moments, count, eps, momentum, running_mean, running_var, state):
-    """Rows ``mean, rstd, count`` of ``state`` from the batch's ``[mean, M2]``
-    (``moments``, a (2, C) float64 array), and the running statistics (float32 or float64
-    tensors, or ``None``) updated in place as ``nn.BatchNorm2d`` does."""
-    _channel_batch_statistics(moments, int(count), float(eps), float(momentum),
-                              _optional(running_mean), _optional(running_var), state)
+@_Variants(_parallel_reduction, _ACT_MODES)
+def _backward_step_ncs(act, mode):
+    from_x, variant_y = mode == MODE_XHAT_FROM_X, mode == MODE_Y
+
+    def kernel(z, dz, x, state, training, slope, floor, chunks, coef, dweight, dbias):
+        """The backward: ``v``'s coefficients, the reductions, the per-channel gradients and,
+        unless ``coef`` is None, the input gradient over ``dz`` (its element-wise arithmetic
+        compiled with the reductions' reassociation and contraction, so it may differ from
+        :func:`_backward_input_ncs` in the last bit)."""
+        pq = compute_empty((2, z.shape[1]), z)
+        _channel_value_coefficients(state, from_x, pq)
+        sums = _reduce_ncs(z, dz, x, pq[0], pq[1], act, slope, floor, mode, chunks)
+        _channel_gradients(state, sums, training, variant_y, coef, dweight, dbias)
+        if coef is not None:
+            _input_ncs(z, dz, x, pq[0], pq[1], coef, act, slope, floor, mode, chunks)
+    return kernel
 
 
-def channel_running_statistics(running_mean, running_var, count, eps, state):
-    """Rows ``mean, rstd, count`` of ``state`` from the running statistics (eval)."""
-    _channel_running_statistics(_np(running_mean), _np(running_var), int(count), float(eps),
-                                state)
+def forward_step(x, out, weight, bias, running_mean, running_var, training, momentum, eps, act,
+                 slope, abs_mode):
+    """The forward of BN + activation on canonical views: ``out = act(gamma * x_hat + beta)``
+    (``out`` may be ``x``), with the batch statistics in ``training`` (the running statistics,
+    if given, updated as ``nn.BatchNorm2d`` does), else the running ones.
+
+    Returns the (6, C) float64 per-channel state (rows ``gamma, beta, dgamma_dweight, mean,
+    rstd, count``). ``weight``, ``bias``, ``running_mean``, ``running_var``: float32 or float64
+    tensors, or ``None``; ``abs_mode``: the scale is ``|weight| + eps``, else ``weight``.
+    """
+    channels = x.shape[1]
+    count = x.numel() // channels
+    state = np.empty((6, channels))
+    vectors = (_optional(weight), _optional(bias), _optional(running_mean),
+               _optional(running_var))
+    if training and not _empty(x) and _fuses_statistics(x, out):
+        _follow_torch_threads()
+        xa = _np(x)
+        _forward_step_ncs_inplace[act](xa, *vectors, float(eps), float(momentum),
+                                       bool(abs_mode), _scalar(slope, xa), state)
+        return state
+    weight, bias, running_mean, running_var = vectors
+    _channel_scale(weight, bias, float(eps), bool(abs_mode), state)
+    if training:
+        moments = _moments_forward(x, out, state[0], state[1], eps, act, slope)
+        _channel_batch_statistics(moments, count, float(eps), float(momentum), running_mean,
+                                  running_var, state)
+    else:
+        _channel_running_statistics(running_mean, running_var, count, float(eps), state)
+        a = state[0] * state[4]  # x * a + b = gamma * (x - mean) * rstd + beta
+        ab = compute_empty((2, channels), _np(x))
+        ab[0], ab[1] = a, state[1] - state[3] * a
+        forward(x, out, ab[0], ab[1], act, slope)
+    return state
 
 
-def channel_value_coefficients(state, from_x, pq):
-    """``pq`` (a (2, C) array of the compute dtype) = ``[p, q]`` of the backward's value ``v``
-    (:mod:`.common`): from the stored input (``from_x``) or from ``y``."""
-    _channel_value_coefficients(state, bool(from_x), pq)
+def backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param_dtype,
+                  has_weight, has_bias):
+    """The backward of BN + activation on canonical views, given the forward's ``state``.
 
-
-def channel_gradients(state, sums, training, variant_y, coef, dweight, dbias):
-    """The backward's per-channel results from the global sums ``[sum dy, sum dy * v]``:
-    ``coef`` (a (3, C) array of the compute dtype, or ``None``: no input gradient) the
-    input gradient's ``(k0, k1, k2)``, ``dweight`` and ``dbias`` (arrays of the parameters'
-    dtype, or ``None``) the parameter gradients."""
-    _channel_gradients(state, sums, bool(training), bool(variant_y), coef, dweight, dbias)
+    Writes the input gradient over ``dz`` if ``input_grad``; returns ``(dweight, dbias)``,
+    arrays of the numpy ``param_dtype`` (``None`` where ``has_weight`` / ``has_bias`` is
+    false). ``x`` is only read in ``MODE_XHAT_FROM_X`` (``None`` otherwise: ``v`` is recovered
+    from ``z``); ``training``: whether the forward used batch statistics.
+    """
+    channels = z.shape[1]
+    za, dza = _np(z), _np(dz)
+    xa = za if x is None else _np(x)
+    coef = compute_empty((3, channels), za) if input_grad else None
+    dweight = np.empty(channels, param_dtype) if has_weight else None
+    dbias = np.empty(channels, param_dtype) if has_bias else None
+    if z.dim() == 3 and not _empty(z):
+        threads = _follow_torch_threads()
+        _backward_step_ncs[act, mode](za, dza, xa, state, bool(training), _scalar(slope, za),
+                                      _elu_floor(z), _chunks(z, threads), coef, dweight, dbias)
+        return dweight, dbias
+    pq = compute_empty((2, channels), za)
+    _channel_value_coefficients(state, mode == MODE_XHAT_FROM_X, pq)
+    p, q = pq[0], pq[1]
+    sums = _backward_sums(z, za, dza, xa, p, q, act, slope, mode)
+    _channel_gradients(state, sums, bool(training), mode == MODE_Y, coef, dweight, dbias)
+    if input_grad and not _empty(z):
+        _input_gradient_in_place(z, za, dza, xa, p, q, coef, act, slope, mode)
+    return dweight, dbias
