@@ -532,7 +532,7 @@ def _apply(view, out_view, channel, act, slope, skip=None):
 
 def _write_back(out, out_view, layout):
     """Copy ``out_view`` into ``out`` if it is a copy (``out`` not in a canonical layout)."""
-    if not _is_in(out, layout):
+    if out_view._base is not out and not _is_in(out, layout):
         out.copy_(_unview(out_view, layout, out.shape))
 
 
@@ -605,10 +605,9 @@ def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True, poison
             z_view, dz_view, x_view, channel.numpy(), spec.act, spec.slope, spec.mode,
             spec.training, input_grad, _HOST_DTYPES[spec.param_dtype], spec.has_weight,
             spec.has_bias)
-        dx = None
-        if input_grad:
-            _bump_version(dz_view)
-            dx = _unview(dz_view, layout, z.shape)
+        # dz_view, when written, is this backward's own (owned, or a copy): no one else can
+        # see its version, which is left alone.
+        dx = _unview(dz_view, layout, z.shape) if input_grad else None
         return dx, _optional_tensor(dweight), _optional_tensor(dbias)
     compute = codecs.compute_dtype(z.dtype)
     variant_y = spec.mode == common.MODE_Y

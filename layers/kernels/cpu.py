@@ -839,7 +839,7 @@ def _channel_gradients(state, sums, training, variant_y, coef, dweight, dbias):
 
 def _optional(t):
     """The numpy view of an optional per-channel tensor (``None`` stays ``None``)."""
-    return None if t is None else _np(t)
+    return None if t is None else codecs.cpu_array(t)
 
 
 # --------------------------------------------------------------------------- whole steps
