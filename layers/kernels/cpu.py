@@ -6,7 +6,9 @@ Implements the backend API shared with :mod:`layers.kernels.cuda` (see
 Each takes torch CPU tensors in one of the canonical views of :mod:`layers.kernels.common`
 (3-D ``(N, C, S)`` or 2-D channels-last ``(M, C)``) and works on them zero-copy through
 ``Tensor.numpy()``; float16 and bfloat16 tensors arrive as their 16-bit patterns and are
-converted in registers (:mod:`layers.kernels.codecs`).
+converted in registers (:mod:`layers.kernels.codecs`). For the eager path of
+:mod:`layers.functional` it also runs a layer's whole forward and whole backward in one call
+each (``forward_step``, ``backward_step``), the per-channel arithmetic included.
 
 Memory traffic: in training, the in-place forward reads each channel once and writes it once
 (statistics and output back to back per channel, the second read hitting cache; the statistics
