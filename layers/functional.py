@@ -460,7 +460,7 @@ def normalize_activate_into(x, out, weight, bias, running_mean, running_var, tra
         state = backend(x).forward_step(view, out_view, weight, bias, running_mean,
                                         running_var, training, momentum, eps, act, slope,
                                         scale_mode == "abs")
-        _bump_version(out_view)
+        ops.count_write(out_view)
         _write_back(out, out_view, layout)
         return torch.from_numpy(state)
     gamma, beta, dgamma_dweight = scale_and_shift(weight, bias, channels, eps, scale_mode, x)
@@ -493,14 +493,6 @@ def normalize_activate_into(x, out, weight, bias, running_mean, running_var, tra
         _apply(view, out_view, channel, act, slope, skip)
     _write_back(out, out_view, layout)
     return channel
-
-
-def _bump_version(tensor):
-    """Count a write to ``tensor`` made by the CPU kernels called directly, as the custom
-    operators of :mod:`layers.ops` do (autograd's check that a saved tensor was not
-    overwritten relies on it)."""
-    if not tensor.is_inference():  # inference tensors have no version counter
-        torch.autograd.graph.increment_version(tensor)
 
 
 def reapply_into(x, out, channel, act, slope):

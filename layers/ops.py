@@ -86,10 +86,16 @@ class KernelOperator:
             return self.operator(*args, **kwargs)
         result = self.implementation(*args, **kwargs)
         for index, name in self._mutated:
-            mutated = args[index] if index < len(args) else kwargs[name]
-            if not mutated.is_inference():  # inference tensors have no version counter
-                torch.autograd.graph.increment_version(mutated)
+            count_write(args[index] if index < len(args) else kwargs[name])
         return result
+
+
+def count_write(tensor):
+    """Bump ``tensor``'s version counter after a kernel called directly wrote it, as the
+    operator's ``ADInplaceOrView`` kernel does: autograd's check that a tensor saved for
+    backward was not overwritten relies on it."""
+    if not tensor.is_inference():  # inference tensors have no version counter
+        torch.autograd.graph.increment_version(tensor)
 
 
 def runs_directly(tensor):
