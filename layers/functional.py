@@ -513,9 +513,7 @@ def _apply(view, out_view, channel, act, slope, skip=None):
     :func:`normalize_activate_into`, in place only)."""
     gamma, beta, _, mean, rstd, _ = channel
     compute = codecs.compute_dtype(view.dtype)
-    a = gamma * rstd
-    b = (beta - mean * a).to(compute)
-    a = a.to(compute)
+    a, b = (v.to(compute) for v in per_channel.scale_shift(gamma, beta, mean, rstd))
     if out_view is view:
         ops.scale_shift_act_(view, a, b, act, slope, skip)
     else:

@@ -695,8 +695,7 @@ def _moments_forward(x, out, gamma, beta, eps, act, slope):
     """:func:`moments_forward`, returning the moments as a numpy array."""
     if _empty(x):
         return _nan_moments(x).numpy()
-    if not _fuses_statistics(x, out):  # the composition computes the scale and shift with
-        # torch operators
+    if not _fuses_statistics(x, out):  # the scale and shift as torch operators
         return compose_moments_forward(sys.modules[__name__], x, out, torch.as_tensor(gamma),
                                        torch.as_tensor(beta), eps, act, slope).numpy()
     _follow_torch_threads()
@@ -914,9 +913,8 @@ def forward_step(x, out, weight, bias, running_mean, running_var, training, mome
                                   running_var, state)
     else:
         _channel_running_statistics(running_mean, running_var, count, float(eps), state)
-        a = state[0] * state[4]  # x * a + b = gamma * (x - mean) * rstd + beta
         ab = compute_empty((2, channels), _np(x))
-        ab[0], ab[1] = a, state[1] - state[3] * a
+        ab[0], ab[1] = per_channel.scale_shift(state[0], state[1], state[3], state[4])
         forward(x, out, ab[0], ab[1], act, slope)
     return state
 

@@ -27,6 +27,13 @@ def scale_derivative(weight, abs_mode):
     return weight * 0.0 + 1.0
 
 
+def scale_shift(gamma, beta, mean, rstd):
+    """``(a, b)`` with ``x * a + b = gamma * (x - mean) * rstd + beta``: the normalization and
+    affine step as one scale and shift."""
+    a = gamma * rstd
+    return a, beta - mean * a
+
+
 def batch_rstd(m2, count, eps):
     """``1 / sqrt(var + eps)`` of the biased batch variance ``m2 / count``."""
     return 1.0 / (m2 / count + eps) ** 0.5
