@@ -193,9 +193,10 @@ def test_16_bit_layer_against_float64_composite(case):
 @pytest.mark.parametrize("dtype", HALF)
 def test_16_bit_element_wise_kernels_round_every_element_as_torch_for_every_row_length(dtype):
     """The ``(N, C, S)`` element-wise CPU kernels on 16-bit rows run some row lengths as two
-    loops (``cpu._split_at_lanes``). For every row length from 1 to 70 (every remainder modulo
-    32, split or not, twice), each element equals torch's float32 operators in the same order,
-    rounded to ``dtype`` by torch: bit for bit, in place and out of place."""
+    loops on AVX-512 hosts (``cpu._split_at_lanes``; one loop elsewhere). For every row length
+    from 1 to 70 (every remainder modulo 32, split or not, twice), each element equals torch's
+    float32 operators in the same order, rounded to ``dtype`` by torch: bit for bit, in place
+    and out of place."""
     from layers.kernels import common
 
     act, mode, chunks = common.ACT_LEAKY_RELU, common.MODE_Y, 3

@@ -48,6 +48,7 @@ import functools
 import sys
 import threading
 
+import llvmlite.binding
 import numba
 import numpy as np
 import torch
@@ -156,9 +157,20 @@ def _target_overload(out, x):
 _LANES = 16
 
 
+def _compiles_for_avx512():
+    """Whether numba compiles for a CPU with AVX-512 (``NUMBA_CPU_FEATURES``, else the host's)."""
+    features = numba.config.CPU_FEATURES or llvmlite.binding.get_host_cpu_features().flatten()
+    return "+avx512f" in features.split(",")
+
+
+#: Whether the 16-bit element-wise row loops split at :data:`_LANES` (:func:`_split_at_lanes`).
+_SPLITS_ROWS = _compiles_for_avx512()
+
+
 def _split_at_lanes(row):
     """Whether an element-wise loop over the 1-D ``row`` runs as two loops: over the first
-    ``row.size - row.size % _LANES`` elements, then over the rest.
+    ``row.size - row.size % _LANES`` elements, then over the rest (16-bit rows, on AVX-512
+    hosts only).
 
     Callers branch on it and compute that split point inside the branch: a split point picked
     by a conditional expression (``row.size`` when not split) hides from LLVM that it is a
@@ -174,8 +186,10 @@ def _split_at_lanes_overload(row):
     # thread): normalize + activate and the input gradient 1.4x as fast on 7x7 maps (rows of
     # 49), 1.7x on 4x4, 1.3x on 9x9, about 1.1x on 28x28 (784), unchanged where fewer are
     # left (14x14, 10x10) or none. Float rows measured slower split, at every row length: they
-    # keep one loop. Hosts with narrower vectors run the same two loops, correct but not tuned.
-    if row.dtype in codecs.SIXTEEN_BIT_TYPES:
+    # keep one loop. On AVX2 (AMD EPYC Zen 3, one thread, bfloat16 normalize + activate) the
+    # split was 1.5x to 2.7x slower than one loop at every row length it splits from 48 to 63
+    # (1.8x at 49): AVX2 hosts keep one loop.
+    if _SPLITS_ROWS and row.dtype in codecs.SIXTEEN_BIT_TYPES:
         return lambda row: row.size % (2 * _LANES) >= _LANES
     return lambda row: False
 
