@@ -48,8 +48,8 @@ import functools
 import sys
 import threading
 
-import llvmlite.binding
 import numba
+import numba.core.codegen
 import numpy as np
 import torch
 from numba.core import types
@@ -158,8 +158,12 @@ _LANES = 16
 
 
 def _compiles_for_avx512():
-    """Whether numba compiles for a CPU with AVX-512 (``NUMBA_CPU_FEATURES``, else the host's)."""
-    features = numba.config.CPU_FEATURES or llvmlite.binding.get_host_cpu_features().flatten()
+    """Whether numba compiles for a CPU with AVX-512: the features its code generator targets
+    (``NUMBA_CPU_FEATURES``, else the host's as numba reads them, ``NUMBA_ENABLE_AVX=0`` and
+    hosts whose features LLVM cannot read included)."""
+    features = numba.config.CPU_FEATURES
+    if features is None:
+        features = numba.core.codegen.get_host_cpu_features()
     return "+avx512f" in features.split(",")
 
 
