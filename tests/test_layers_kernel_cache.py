@@ -9,7 +9,6 @@ it once: the second waits for the first and loads its machine code from the cach
 checks that every compiled function of ``cpu.py`` and ``cuda.py`` comes from the module itself or
 from a file its cache is keyed on.
 """
-import errno
 import inspect
 import os
 import subprocess
@@ -136,26 +135,6 @@ def test_processes_sharing_the_cache_compile_a_new_kernel_once(tmp_path):
     locks = [name for name in os.listdir(tmp_path / "cache" / os.listdir(tmp_path / "cache")[0])
              if name.endswith(".lock")]
     assert locks and all(name.startswith("layers-compile-") for name in locks)
-
-
-def test_a_cache_folder_without_file_locks_still_compiles(tmp_path, monkeypatch):
-    """Where ``flock`` fails (some network file systems), kernels compile without the lock."""
-    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
-    refused = []
-
-    def no_locks(handle, operation):
-        refused.append(operation)
-        raise OSError(errno.ENOLCK, "No locks available")
-
-    monkeypatch.setattr(caching.fcntl, "flock", no_locks)
-
-    @caching.jit(numba.njit, ())
-    def add_one(x):
-        return x + 1.0
-
-    assert add_one(1.5) == 2.5
-    assert refused  # the lock was tried
-    assert any(name.endswith(".lock") for _, _, names in os.walk(tmp_path) for name in names)
 
 
 def numba_functions(module):

@@ -134,34 +134,22 @@ def compile_lock_path(dispatcher, args):
 _held = []
 
 
-def _locked_file(path):
-    """``path`` (created if missing) opened and under an exclusive ``flock``, or ``None`` where
-    it cannot be opened or locked (an unwritable folder, a file system without ``flock``)."""
-    try:
-        handle = open(path, "a")
-    except OSError:
-        return None
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-    except OSError:
-        handle.close()
-        return None
-    return handle
-
-
 @contextlib.contextmanager
 def _exclusive(path):
-    """Run the block under an exclusive lock of ``path`` (without one where it has none)."""
-    handle = _locked_file(path)
-    if handle is None:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing); without one, nothing."""
+    try:
+        handle = open(path, "a")
+    except OSError:  # an unwritable cache directory: numba then has no disk cache there either
         yield
         return
-    _held.append(path)
-    try:
-        yield
-    finally:
-        _held.pop()
-        handle.close()  # releases the lock
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        _held.append(path)
+        try:
+            yield
+        finally:
+            _held.pop()
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def with_compile_lock(dispatcher):
