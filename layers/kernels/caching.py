@@ -31,6 +31,8 @@ try:
 except ImportError:  # Windows: no flock; processes there may compile a kernel twice, as without
     fcntl = None
 
+from numba.core import sigutils
+
 
 @functools.lru_cache(maxsize=None)
 def _file_digest(path, mtime_ns, size):
@@ -109,14 +111,13 @@ def with_dependencies(dispatcher, dependencies):
 COMPILE_LOCK_SLOTS = 64
 
 
-def _compiler_module(dispatcher):
-    """The module that defines ``dispatcher``'s ``compile``, with the in-process compiler lock
-    (re-entrant) it holds and the ``sigutils`` it reads signatures with: numba's for
-    ``numba.njit``, numba-cuda's (whose lock also holds numba's) for ``numba.cuda.jit``."""
+def _compiler_lock(dispatcher):
+    """The in-process compiler lock (re-entrant) that ``dispatcher``'s ``compile`` holds:
+    numba's for ``numba.njit``, numba-cuda's (which also holds numba's) for ``numba.cuda.jit``."""
     for cls in type(dispatcher).__mro__:
-        module = sys.modules.get(cls.__module__)
-        if hasattr(module, "global_compiler_lock") and hasattr(module, "sigutils"):
-            return module
+        lock = getattr(sys.modules.get(cls.__module__), "global_compiler_lock", None)
+        if lock is not None:
+            return lock
     raise TypeError(f"{type(dispatcher).__name__} is not a numba dispatcher")
 
 
@@ -166,14 +167,14 @@ def with_compile_lock(dispatcher):
     if fcntl is None or cache_path is None:
         return dispatcher
     compile_unlocked = dispatcher.compile
-    compiler = _compiler_module(dispatcher)
+    compiler_lock = _compiler_lock(dispatcher)
 
     @functools.wraps(compile_unlocked)
     def compile(sig):
         # numba's compiler lock first, as compile_unlocked takes it: threads of this process
         # then take file locks one at a time, in the same order as the compiler lock
-        with compiler.global_compiler_lock:
-            args = compiler.sigutils.normalize_signature(sig)[0]
+        with compiler_lock:
+            args = sigutils.normalize_signature(sig)[0]
             if _held or tuple(args) in dispatcher.overloads:
                 return compile_unlocked(sig)
             with _exclusive(compile_lock_path(dispatcher, args)):
