@@ -14,24 +14,10 @@ where the cache lives (the ``__pycache__`` next to the source, the user-wide cac
 that is not writable, ``NUMBA_CACHE_DIR``), its file names and its index key (signature, target,
 bytecode). It works the same for ``numba.njit`` (CPU) and ``numba.cuda.jit`` dispatchers;
 dispatchers without a disk cache (``cache=False``, the CUDA simulator) are left alone.
-
-:func:`jit` also makes processes that share the cache compile each kernel once
-(:func:`with_compile_lock`): numba's cache has no lock between processes, so two pytest-xdist
-workers, or two DDP ranks on one machine, that first call the same kernel at the same time
-would both compile it (seconds to tens of seconds each, for nothing).
 """
-import contextlib
 import functools
 import hashlib
 import os
-import sys
-
-try:
-    import fcntl
-except ImportError:  # Windows: no flock; processes there may compile a kernel twice, as without
-    fcntl = None
-
-from numba.core import sigutils
 
 
 @functools.lru_cache(maxsize=None)
@@ -106,92 +92,12 @@ def with_dependencies(dispatcher, dependencies):
     return dispatcher
 
 
-#: Lock files per cache directory (``layers-compile-<slot>.lock``); a compilation takes the one
-#: its function and signature hash to. Two compilations that share a slot only wait for each other.
-COMPILE_LOCK_SLOTS = 64
-
-
-def _compiler_lock(dispatcher):
-    """The in-process compiler lock (re-entrant) that ``dispatcher``'s ``compile`` holds:
-    numba's for ``numba.njit``, numba-cuda's (which also holds numba's) for ``numba.cuda.jit``."""
-    for cls in type(dispatcher).__mro__:
-        lock = getattr(sys.modules.get(cls.__module__), "global_compiler_lock", None)
-        if lock is not None:
-            return lock
-    raise TypeError(f"{type(dispatcher).__name__} is not a numba dispatcher")
-
-
-def compile_lock_path(dispatcher, args):
-    """The lock file that compiling ``dispatcher`` for argument types ``args`` takes."""
-    function = dispatcher.py_func
-    cells = tuple(cell.cell_contents for cell in function.__closure__ or ())
-    key = (f"{function.__module__}.{function.__qualname__}:{function.__code__.co_firstlineno}"
-           f"|{tuple(args)!r}|{cells!r}")
-    slot = int(hashlib.sha256(key.encode()).hexdigest(), 16) % COMPILE_LOCK_SLOTS
-    return os.path.join(dispatcher._cache._cache_path, f"layers-compile-{slot}.lock")
-
-
-#: The compile lock files this process holds (at most one; changed under numba's compiler lock).
-_held = []
-
-
-@contextlib.contextmanager
-def _exclusive(path):
-    """Hold an exclusive ``flock`` on ``path`` (created if missing); without one, nothing."""
-    try:
-        handle = open(path, "a")
-    except OSError:  # an unwritable cache directory: numba then has no disk cache there either
-        yield
-        return
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        _held.append(path)
-        try:
-            yield
-        finally:
-            _held.pop()
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def with_compile_lock(dispatcher):
-    """Make ``dispatcher`` compile under a file lock in its cache directory; returns it.
-
-    A process that needs a kernel another process is compiling waits for it, then loads the
-    result from the disk cache (numba's ``compile`` looks there first) instead of compiling it
-    again. A process holds at most one such lock at a time: compilations nested in a locked one
-    (the functions a kernel calls) run under the outer lock, so two processes can never wait
-    for each other. Dispatchers without a disk cache, and hosts without ``fcntl``, are returned
-    unchanged.
-    """
-    cache_path = getattr(getattr(dispatcher, "_cache", None), "_cache_path", None)
-    if fcntl is None or cache_path is None:
-        return dispatcher
-    compile_unlocked = dispatcher.compile
-    compiler_lock = _compiler_lock(dispatcher)
-
-    @functools.wraps(compile_unlocked)
-    def compile(sig):
-        # numba's compiler lock first, as compile_unlocked takes it: threads of this process
-        # then take file locks one at a time, in the same order as the compiler lock
-        with compiler_lock:
-            args = sigutils.normalize_signature(sig)[0]
-            if _held or tuple(args) in dispatcher.overloads:
-                return compile_unlocked(sig)
-            with _exclusive(compile_lock_path(dispatcher, args)):
-                return compile_unlocked(sig)
-
-    dispatcher.compile = compile
-    return dispatcher
-
-
 def jit(decorator, dependencies, **options):
     """``decorator(cache=True, **options)`` (e.g. ``numba.njit``) with its disk cache keyed
-    on ``dependencies`` too (:func:`with_dependencies`), compiled once across the processes that
-    share the cache (:func:`with_compile_lock`)."""
+    on ``dependencies`` too (:func:`with_dependencies`)."""
 
     def wrap(function):
-        dispatcher = decorator(cache=True, **options)(function)
-        return with_compile_lock(with_dependencies(dispatcher, dependencies))
+        return with_dependencies(decorator(cache=True, **options)(function), dependencies)
 
     return wrap
 
@@ -203,5 +109,5 @@ def dependencies_of(dispatcher):
     return locator.dependencies if isinstance(locator, DependencyLocator) else ()
 
 
-__all__ = ["jit", "with_dependencies", "with_compile_lock", "compile_lock_path",
-           "dependencies_of", "dependency_digest", "DependencyLocator", "COMPILE_LOCK_SLOTS"]
+__all__ = ["jit", "with_dependencies", "dependencies_of", "dependency_digest",
+           "DependencyLocator"]
