@@ -69,6 +69,48 @@ def test_editing_a_dependency_recompiles_with_no_manual_step(tmp_path):
     assert run_kernel(tmp_path, cache_dir)[::2] == (4.0, 1)  # and cached again
 
 
+VARIANTS = textwrap.dedent('''
+    import sys
+
+    import numba
+    import numpy as np
+
+    from layers.kernels import caching, cpu
+
+
+    @cpu._Variants(caching.jit(numba.njit, ()), (0, 1))
+    def full(kind):
+        def kernel(x):
+            if kind == 0:
+                return np.full(2, x)  # float64
+            return (np.full(3, x) * 2).astype(np.int32)  # other constants in its environment
+        return kernel
+
+
+    for kind in map(int, sys.argv[1:]):  # compiled or loaded on first use, in this order
+        print(full[kind](1.5).tolist())
+''')
+
+
+def test_variants_compiled_by_different_processes_load_side_by_side(tmp_path):
+    """Two processes compile one variant each as their first function; a third loads both from
+    the disk cache. With one name for all variants (numba's counter is per process) the third
+    ran one variant with the other's environment: wrong values, or a crash."""
+    (tmp_path / "variants.py").write_text(VARIANTS)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": ROOT}
+
+    def run(*kinds):
+        result = subprocess.run([sys.executable, str(tmp_path / "variants.py"), *kinds], env=env,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout.split("\n")[:len(kinds)]
+
+    assert run("0") == ["[1.5, 1.5]"]
+    assert run("1") == ["[3, 3, 3]"]
+    assert run("1", "0") == ["[3, 3, 3]", "[1.5, 1.5]"]
+    assert run("0", "1") == ["[1.5, 1.5]", "[3, 3, 3]"]
+
+
 def numba_functions(module):
     """``(name, dispatcher)`` of the numba functions a kernel module compiles."""
     kinds = (numba.core.dispatcher.Dispatcher,)

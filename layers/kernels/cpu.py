@@ -106,7 +106,14 @@ class _Variants:
             if key not in self.keys:
                 raise KeyError(f"{self.__name__} has no variant {key!r}: one of {self.keys}")
             args = key if isinstance(key, tuple) else (key,)
-            kernel = self._kernels[key] = self._decorator(self.template(*args))
+            function = self.template(*args)
+            # numba names compiled code (and its environment) after the qualified name, a counter
+            # of its own process and the argument types, not the closure's values: two processes
+            # that each compile a variant as their n-th function would give it the same name,
+            # and a third that loads both from the disk cache would run one with the other's
+            # environment. A name per variant keeps them apart (and gives each its cache files).
+            function.__qualname__ = f"{function.__qualname__}_{'_'.join(map(str, args))}"
+            kernel = self._kernels[key] = self._decorator(function)
         return kernel
 
 
