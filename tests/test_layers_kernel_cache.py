@@ -46,12 +46,18 @@ KERNEL = textwrap.dedent('''
 ''')
 
 
-def run_kernel(directory, cache_dir):
+def run_script(script, cache_dir, *args):
+    """The output of the Python file ``script`` run with ``args`` in a fresh process, with
+    numba's disk cache in ``cache_dir``."""
     env = {**os.environ, "NUMBA_CACHE_DIR": str(cache_dir), "PYTHONPATH": ROOT}
-    run = subprocess.run([sys.executable, str(directory / "kernel.py"), str(directory)],
-                         env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, str(script), *map(str, args)], env=env,
+                         capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    tracked, plain, hits = run.stdout.split()
+    return run.stdout
+
+
+def run_kernel(directory, cache_dir):
+    tracked, plain, hits = run_script(directory / "kernel.py", cache_dir, directory).split()
     return float(tracked), float(plain), int(hits)
 
 
@@ -96,14 +102,11 @@ def test_variants_compiled_by_different_processes_load_side_by_side(tmp_path):
     """Two processes compile one variant each as their first function; a third loads both from
     the disk cache. With one name for all variants (numba's counter is per process) the third
     ran one variant with the other's environment: wrong values, or a crash."""
-    (tmp_path / "variants.py").write_text(VARIANTS)
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": ROOT}
+    script = tmp_path / "variants.py"
+    script.write_text(VARIANTS)
 
     def run(*kinds):
-        result = subprocess.run([sys.executable, str(tmp_path / "variants.py"), *kinds], env=env,
-                                capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr[-3000:]
-        return result.stdout.split("\n")[:len(kinds)]
+        return run_script(script, tmp_path / "cache", *kinds).split("\n")[:len(kinds)]
 
     assert run("0") == ["[1.5, 1.5]"]
     assert run("1") == ["[3, 3, 3]"]
