@@ -22,6 +22,9 @@ for the layer and the composite alike. The contenders (:class:`Contenders`):
   (:func:`layers.functional.owned_gradient`);
 * ``composite_fwd_bwd``: ``F.batch_norm(training=True)`` + ``F.leaky_relu(0.01)`` forward +
   backward through autograd, on the same kind of input and gradient;
+* ``aten_inplace_fwd_bwd``: the same in-place layer written with ATen operators
+  (:class:`AtenInPlaceBatchNormAct`), forward + backward on the same kind of input and
+  gradient: the path small tensors would be dispatched to if it beat the composite;
 * ``inplace_abn_fwd_I``: the ``InPlaceABN`` forward alone, under ``torch.no_grad()`` in
   training mode (batch statistics), on a buffer refilled from the source before every run;
 * ``copy``: ``dst.copy_(src)`` of one tensor of the same shape (one read and one write), the
@@ -52,6 +55,9 @@ A row of the artifact: ``shape``, ``dtype``, ``tensor_bytes``;
 * ``forward_over_copy``: ``InPlaceABN`` forward / copy;
 * ``python_floor_over_composite``: ``python_function_floor`` / composite forward + backward
   (from 1 up, no Python autograd function can be as fast as the composite);
+* ``aten_inplace_over_composite``: ``aten_inplace_fwd_bwd`` / composite forward + backward
+  (above 1, the ATen path is no faster path for the sizes where the composite beats the
+  layer);
 
 ``goals`` (ratio -> ``value``, ``comparison`` (``>=`` or ``<=``), ``threshold``, ``met``): the
 speed goals of the row's shape (:data:`SHAPE_GOALS`); ``profile`` (pass -> ``operator``, its
@@ -203,8 +209,9 @@ def parse_args(argv=None):
 
 
 # --------------------------------------------------------------------------- measurements
-class CompositeBatchNormAct(torch.nn.Module):
-    """``F.batch_norm`` (training) + ``F.leaky_relu``, the standard out-of-place pair."""
+class _BatchNormParameters(torch.nn.Module):
+    """A batch norm's weight (ones), bias (zeros) and running statistics, of ``channels``
+    values with tensor ``options`` (dtype, device)."""
 
     def __init__(self, channels, options):
         super().__init__()
@@ -213,10 +220,64 @@ class CompositeBatchNormAct(torch.nn.Module):
         self.register_buffer("running_mean", torch.zeros(channels, **options))
         self.register_buffer("running_var", torch.ones(channels, **options))
 
+
+class CompositeBatchNormAct(_BatchNormParameters):
+    """``F.batch_norm`` (training) + ``F.leaky_relu``, the standard out-of-place pair."""
+
     def forward(self, x):
         y = F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
                          training=True, momentum=MOMENTUM, eps=EPS)
         return F.leaky_relu(y, SLOPE)
+
+
+class AtenInPlaceBatchNormAct(torch.autograd.Function):
+    """InPlace-ABN II (leaky ReLU, ``|weight| + eps`` scale) written with ATen operators: the
+    candidate path for small tensors, where one compiled ATen call per step costs less than a
+    numba kernel's start. It keeps the layer's contract: the output overwrites the input and
+    only it (and per-channel vectors) is saved.
+
+    Forward: ``native_batch_norm`` written into the input (statistics, running statistics and
+    output in one call), then ``leaky_relu_``. Backward: ``dL/dy`` from the output, ``y`` by
+    inverting the activation (a leaky ReLU of slope ``1 / slope``), the input rebuilt from
+    ``y`` and the saved statistics, then ``native_batch_norm_backward``: five full-tensor
+    operators where the composite's backward runs two.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var):
+        gamma = weight.abs() + EPS
+        mean, invstd = (torch.empty(0, dtype=gamma.dtype, device=x.device) for _ in range(2))
+        torch.ops.aten.native_batch_norm.out(x, gamma, bias, running_mean, running_var, True,
+                                             MOMENTUM, EPS, out=x, save_mean=mean,
+                                             save_invstd=invstd)
+        torch.ops.aten.leaky_relu_(x, SLOPE)
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(x, weight, bias, gamma, mean, invstd)
+        return x
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        z, weight, bias, gamma, mean, invstd = ctx.saved_tensors
+        dy = torch.ops.aten.leaky_relu_backward(grad, z, SLOPE, True)
+        y = F.leaky_relu(z, 1.0 / SLOPE)
+        scale = 1.0 / (gamma * invstd)  # x = (y - bias) / gamma / invstd + mean
+
+        def channel(vector):
+            return vector.to(z.dtype).view(-1, *(1,) * (z.dim() - 2))
+
+        x = torch.addcmul(channel(mean - bias * scale), y, channel(scale))
+        dx, dgamma, dbias = torch.ops.aten.native_batch_norm_backward(
+            dy, x, gamma, None, None, mean, invstd, True, EPS, [True, True, True])
+        return dx, dgamma * torch.sign(weight), dbias, None, None
+
+
+class AtenInPlaceABN(_BatchNormParameters):
+    """:class:`AtenInPlaceBatchNormAct` as a module, timed like the layers."""
+
+    def forward(self, x):
+        return AtenInPlaceBatchNormAct.apply(x, self.weight, self.bias, self.running_mean,
+                                             self.running_var)
 
 
 class HandOver(torch.autograd.Function):
@@ -278,6 +339,7 @@ class Contenders:
                                         **options).train()
                     for variant in ("I", "II")}
         self.composite = CompositeBatchNormAct(channels, options)
+        self.aten_inplace = AtenInPlaceABN(channels, options)
         self.floor = PythonFunctionFloor()
         self.src, self.grad = src, grad
         # Source of the fresh non-leaf inputs of the fwd+bwd runs: x = base.clone() is what an
@@ -366,12 +428,14 @@ def _timed(shape, dtype, device):
     fns = {"inplace_abn_fwd_bwd_I": c.fwd_bwd(c.abn["I"]),
            "inplace_abn_fwd_bwd_II": c.fwd_bwd(c.abn["II"]),
            "composite_fwd_bwd": c.fwd_bwd(c.composite),
+           "aten_inplace_fwd_bwd": c.fwd_bwd(c.aten_inplace),
            "inplace_abn_fwd_I": c.forward,
            "copy": c.copy,
            "python_function_floor": c.fwd_bwd(c.floor)}
     setups = {"inplace_abn_fwd_bwd_I": c.fresh_input(c.abn["I"]),
               "inplace_abn_fwd_bwd_II": c.fresh_input(c.abn["II"]),
               "composite_fwd_bwd": c.fresh_input(c.composite),
+              "aten_inplace_fwd_bwd": c.fresh_input(c.aten_inplace),
               "inplace_abn_fwd_I": c.refill,
               "python_function_floor": c.fresh_input(c.floor)}
     pass_fns, pass_setups = c.passes()
@@ -388,6 +452,8 @@ def ratios(results):
                                        / (TRAFFIC_FLOOR_COPIES * median["copy"])),
         "forward_over_copy": median["inplace_abn_fwd_I"] / median["copy"],
         "python_floor_over_composite": (median["python_function_floor"]
+                                        / median["composite_fwd_bwd"]),
+        "aten_inplace_over_composite": (median["aten_inplace_fwd_bwd"]
                                         / median["composite_fwd_bwd"]),
     }
 

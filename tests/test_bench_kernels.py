@@ -19,7 +19,7 @@ from in_place_gradient import spy_in_place_backward
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 MEASUREMENTS = ("inplace_abn_fwd_bwd_I", "inplace_abn_fwd_bwd_II", "composite_fwd_bwd",
-                "inplace_abn_fwd_I", "copy", "python_function_floor")
+                "aten_inplace_fwd_bwd", "inplace_abn_fwd_I", "copy", "python_function_floor")
 ENVIRONMENT_KEYS = ("python", "torch", "numba", "platform", "processor", "cpu_count", "threads",
                     "device", "device_name", "git_commit", "date_utc")
 
@@ -114,12 +114,12 @@ def _results(**medians_ms):
 
 def test_ratios_come_from_the_medians():
     results = _results(inplace_abn_fwd_bwd_I=5.0, inplace_abn_fwd_bwd_II=4.0,
-                       composite_fwd_bwd=20.0, inplace_abn_fwd_I=1.2, copy=1.0,
-                       python_function_floor=3.0)
+                       composite_fwd_bwd=20.0, aten_inplace_fwd_bwd=25.0, inplace_abn_fwd_I=1.2,
+                       copy=1.0, python_function_floor=3.0)
     assert bench_kernels.ratios(results) == pytest.approx({
         "speedup_vs_composite": 5.0, "speedup_vs_composite_I": 4.0,
         "fwd_bwd_over_traffic_floor": 4.0 / 3.5, "forward_over_copy": 1.2,
-        "python_floor_over_composite": 0.15})
+        "python_floor_over_composite": 0.15, "aten_inplace_over_composite": 1.25})
 
 
 @pytest.mark.parametrize("shape, speedup_goal, traffic_goals", [
@@ -163,6 +163,46 @@ def test_python_function_floor_is_an_in_place_identity():
     grad = torch.randn_like(out)
     out.backward(grad)
     torch.testing.assert_close(base.grad, grad * 2, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 5, 5), (6, 2, 7)])
+def test_aten_in_place_contender_is_in_place_abn(shape):
+    """The ATen path the benchmark times computes InPlace-ABN: in float64, its output, running
+    statistics and gradients equal those of BN + leaky ReLU on the scale ``|weight| + eps``
+    through autograd (an independent reference), and it writes its output into its input."""
+    torch.manual_seed(0)
+    channels = shape[1]
+    options = dict(dtype=torch.float64)
+    weight = torch.randn(channels, **options)
+    bias, grad = torch.randn(channels, **options), torch.randn(shape, **options)
+    base = torch.randn(shape, **options).mul_(3).add_(1).requires_grad_(True)
+
+    layer = bench_kernels.AtenInPlaceABN(channels, options)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        layer.bias.copy_(bias)
+    x = base * 1
+    out = layer(x)
+    assert out.data_ptr() == x.data_ptr()
+    out.backward(grad)
+
+    reference_base = base.detach().clone().requires_grad_(True)
+    reference_weight, reference_bias = weight.clone().requires_grad_(True), bias.clone()
+    reference_bias.requires_grad_(True)
+    running_mean, running_var = torch.zeros(channels, **options), torch.ones(channels, **options)
+    y = torch.nn.functional.batch_norm(reference_base * 1, running_mean, running_var,
+                                       reference_weight.abs() + bench_kernels.EPS,
+                                       reference_bias, True, bench_kernels.MOMENTUM,
+                                       bench_kernels.EPS)
+    reference = torch.nn.functional.leaky_relu(y, bench_kernels.SLOPE)
+    reference.backward(grad)
+
+    torch.testing.assert_close(out.detach(), reference.detach())
+    torch.testing.assert_close(layer.running_mean, running_mean)
+    torch.testing.assert_close(layer.running_var, running_var)
+    torch.testing.assert_close(base.grad, reference_base.grad)
+    torch.testing.assert_close(layer.weight.grad, reference_weight.grad)
+    torch.testing.assert_close(layer.bias.grad, reference_bias.grad)
 
 
 def test_claims_report_lists_every_goal_of_every_run(tmp_path):
