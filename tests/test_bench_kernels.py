@@ -222,15 +222,18 @@ def test_claims_report_lists_every_goal_of_every_run(tmp_path):
     assert "No kernel benchmark yet." in claims.speed_goals(tmp_path / "none")
 
 
-def _sweep_report(speedups_by_dtype, family=(64, 28, 28), floor=None):
+def _sweep_report(speedups_by_dtype, family=(64, 28, 28), floor=None, aten=None):
     """A report with one row per (dtype, batch) of ``speedups_by_dtype`` ({dtype: {batch:
-    speedup}}), all of one ``family`` of channels and maps; ``floor(batch)``: the row's
-    ``python_floor_over_composite`` (``None``: an artifact that did not time it)."""
+    speedup}}), all of one ``family`` of channels and maps; ``floor(batch)`` and
+    ``aten(batch)``: the row's ``python_floor_over_composite`` and
+    ``aten_inplace_over_composite`` (``None``: an artifact that did not time it)."""
     itemsize = {"float32": 4, "bfloat16": 2}
 
     def ratios(batch, speedup):
-        extra = {} if floor is None else {"python_floor_over_composite": floor(batch)}
-        return {"speedup_vs_composite": speedup, **extra}
+        timed = {name: ratio(batch) for name, ratio in (("python_floor_over_composite", floor),
+                                                         ("aten_inplace_over_composite", aten))
+                 if ratio is not None}
+        return {"speedup_vs_composite": speedup, **timed}
 
     return {"machine": "a CPU", "threads": 2, "rows": [
         {"shape": [batch, *family], "dtype": dtype,
@@ -259,10 +262,14 @@ def test_crossover_lies_between_the_last_slower_and_the_first_faster_size():
                                                   "bfloat16": {2: 1.1, 4: 1.3}})).iloc[0]
     assert never["slower_up_to"] == "4x64x28x28 (0.80 MB)" and never["faster_from"] is None
     assert always["python_floor_at_smallest"] is None  # not timed
-    # The floor's share at the smallest measured size, whatever the rows' order.
+    assert always["aten_inplace_at_smallest"] is None
+    # The floor's share and the ATen path's ratio at the smallest measured size, whatever the
+    # rows' order.
     timed = report_bench.crossover(_sweep_report({"float32": {8: 1.2, 2: 0.5, 4: 0.8}},
-                                                 floor=lambda batch: 1.0 / batch)).iloc[0]
+                                                 floor=lambda batch: 1.0 / batch,
+                                                 aten=lambda batch: 1.0 + batch)).iloc[0]
     assert timed["python_floor_at_smallest"] == pytest.approx(0.5)
+    assert timed["aten_inplace_at_smallest"] == pytest.approx(3.0)
     # A shape measured at one batch size only has no crossover.
     assert report_bench.crossover(_sweep_report({"float32": {8: 0.5}})).empty
 
@@ -272,18 +279,19 @@ def test_claims_report_states_the_crossover(tmp_path):
 
     write_json_atomic(tmp_path / "bench_kernels" / "smoke-cpu.json",
                       _sweep_report({"bfloat16": {2: 0.5, 4: 1.2},
-                                     "float32": {2: 0.5, 4: 0.9}}, floor=lambda batch: 0.6))
+                                     "float32": {2: 0.5, 4: 0.9}}, floor=lambda batch: 0.6,
+                                    aten=lambda batch: 2.25))
     lines = claims.speed_goals(tmp_path)
     assert "| smoke-cpu | bfloat16 | 64x28x28 | 2 | 2x64x28x28 (0.20 MB) | " \
-           "4x64x28x28 (0.40 MB) | 0.60 |" in lines
+           "4x64x28x28 (0.40 MB) | 0.60 | 2.25 |" in lines
     # Never as fast, beside a dtype that is: said so, not "nan".
     assert "| smoke-cpu | float32 | 64x28x28 | 2 | 4x64x28x28 (0.80 MB) | none measured | " \
-           "0.60 |" in lines
+           "0.60 | 2.25 |" in lines
     untimed = tmp_path / "untimed"
     write_json_atomic(untimed / "bench_kernels" / "smoke-cpu.json",
                       _sweep_report({"bfloat16": {2: 0.5, 4: 1.2}}))
     assert "| smoke-cpu | bfloat16 | 64x28x28 | 2 | 2x64x28x28 (0.20 MB) | " \
-           "4x64x28x28 (0.40 MB) | not timed |" in claims.speed_goals(untimed)
+           "4x64x28x28 (0.40 MB) | not timed | not timed |" in claims.speed_goals(untimed)
     single = tmp_path / "single"
     write_json_atomic(single / "bench_kernels" / "smoke-cpu.json",
                       _sweep_report({"bfloat16": {2: 0.5}}))

@@ -72,14 +72,21 @@ def table(report):
 def speedups(report):
     """One row per shape and dtype: ``shape``, ``dtype``, ``family`` (``"CxHxW"``: the shape
     without its batch size), ``batch``, ``tensor_mb`` (the tensor's size, MB), ``speedup``
-    (``speedup_vs_composite``) and ``python_floor`` (``python_floor_over_composite``; ``None``
-    in an artifact that did not time it), for the crossover figure."""
+    (``speedup_vs_composite``), ``python_floor`` (``python_floor_over_composite``) and
+    ``aten_inplace`` (``aten_inplace_over_composite``; each ``None`` in an artifact that did
+    not time it), for the crossover figure."""
     return pd.DataFrame([{"shape": _shape(row), "dtype": row["dtype"],
                           "family": "x".join(map(str, row["shape"][1:])),
                           "batch": row["shape"][0], "tensor_mb": row["tensor_bytes"] / 1e6,
                           "speedup": row["ratios"]["speedup_vs_composite"],
-                          "python_floor": row["ratios"].get("python_floor_over_composite")}
+                          "python_floor": row["ratios"].get("python_floor_over_composite"),
+                          "aten_inplace": row["ratios"].get("aten_inplace_over_composite")}
                          for row in report["rows"]])
+
+
+def _optional_ratio(value):
+    """A ratio of :func:`speedups` as a float, ``None`` where it was not timed."""
+    return None if value is None or pd.isna(value) else float(value)
 
 
 def _shape_and_size(point):
@@ -92,13 +99,15 @@ def crossover(report):
 
     One row per dtype and family: ``dtype``, ``family``, ``sizes`` (how many were measured),
     ``slower_up_to`` (the largest measured shape at which the composite is faster, with its
-    size; ``None``: none is) and ``faster_from`` (the smallest measured shape from which
-    ``InPlaceABN`` is at least as fast at every larger one; ``None``: not even the largest)
-    and ``python_floor_at_smallest`` (``python_floor_over_composite`` at the smallest measured
+    size; ``None``: none is), ``faster_from`` (the smallest measured shape from which
+    ``InPlaceABN`` is at least as fast at every larger one; ``None``: not even the largest),
+    ``python_floor_at_smallest`` (``python_floor_over_composite`` at the smallest measured
     size: the share of the composite's time that an in-place Python autograd function doing
-    nothing takes; ``None`` where not timed). The crossover lies between the two shapes; a
-    family whose speedup goes below 1 again at a larger size has its ``slower_up_to`` above its
-    first fast size, which the row shows as it is.
+    nothing takes) and ``aten_inplace_at_smallest`` (``aten_inplace_over_composite`` there: the
+    in-place layer on ATen operators over the composite; both ``None`` where not timed). The
+    crossover lies between the two shapes; a family whose speedup goes below 1 again at a
+    larger size has its ``slower_up_to`` above its first fast size, which the row shows as it
+    is.
     """
     points = speedups(report)
     records = []
@@ -111,14 +120,16 @@ def crossover(report):
         faster = (rows if last_slow is None
                   else rows[rows["tensor_mb"] > last_slow["tensor_mb"]])
         first_fast = None if faster.empty else faster.iloc[0]
-        floor = rows.iloc[0]["python_floor"]
+        smallest = rows.iloc[0]
         records.append({"dtype": dtype, "family": family, "sizes": len(rows),
                         "slower_up_to": _shape_and_size(last_slow),
                         "faster_from": _shape_and_size(first_fast),
-                        "python_floor_at_smallest": None if pd.isna(floor) else float(floor)})
+                        "python_floor_at_smallest": _optional_ratio(smallest["python_floor"]),
+                        "aten_inplace_at_smallest": _optional_ratio(smallest["aten_inplace"])})
     # object columns: a missing shape stays None beside strings (a string column makes it NaN)
     frame = pd.DataFrame(records, columns=["dtype", "family", "sizes", "slower_up_to",
-                                           "faster_from", "python_floor_at_smallest"],
+                                           "faster_from", "python_floor_at_smallest",
+                                           "aten_inplace_at_smallest"],
                          dtype=object)
     return frame.astype({"sizes": int})
 

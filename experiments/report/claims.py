@@ -619,24 +619,28 @@ def crossover_lines(artifacts, found):
     (:func:`experiments.report.bench_kernels.crossover`)."""
     header = ["run", "dtype", "shapes (C x H x W)", "sizes", "composite faster up to",
               "InPlace-ABN at least as fast from",
-              "empty Python autograd function / composite, smallest size"]
+              "empty Python autograd function / composite, smallest size",
+              "InPlace-ABN on ATen operators / composite, smallest size"]
     rows = []
     for run in found:
         for point in bench_kernels.crossover(bench_kernels.load(run, artifacts)).itertuples():
-            floor = point.python_floor_at_smallest
             rows.append([run, point.dtype, point.family, point.sizes,
                          point.slower_up_to or "none measured",
                          point.faster_from or "none measured",
-                         "not timed" if floor is None else f"{floor:.2f}"])
+                         *("not timed" if ratio is None else f"{ratio:.2f}"
+                           for ratio in (point.python_floor_at_smallest,
+                                         point.aten_inplace_at_smallest))])
     if not rows:
         return []
     lines = ["", "The crossover: the same channels and maps at several batch sizes (figure: "
              "the last panel of `figures/<run>/bench_kernels.png`). Below it the fixed cost of "
              "a call (the layer's Python, its per-channel steps and autograd function, waking "
-             "numba's thread pool) outweighs the memory traffic saved. The last column is the "
-             "time of an in-place Python autograd function that does nothing, forward + "
-             "backward, over the composite's: the part of the composite's time that the layer "
-             "spends before any kernel runs.", "",
+             "numba's thread pool) outweighs the memory traffic saved. The last two columns, at "
+             "the smallest size, over the composite's time: an in-place Python autograd "
+             "function that does nothing, forward + backward (the part of the composite's time "
+             "that the layer spends before any kernel runs), and the same in-place layer "
+             "written with ATen operators (above 1, no faster path to dispatch small tensors "
+             "to).", "",
              "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return lines + ["| " + " | ".join(_escape(c) for c in cells) + " |" for cells in rows]
 
