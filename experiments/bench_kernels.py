@@ -232,25 +232,24 @@ class CompositeBatchNormAct(_BatchNormParameters):
 
 class AtenInPlaceBatchNormAct(torch.autograd.Function):
     """InPlace-ABN II (leaky ReLU, ``|weight| + eps`` scale) written with ATen operators: the
-    candidate path for small tensors, where one compiled ATen call per step costs less than a
-    numba kernel's start. It keeps the layer's contract: the output overwrites the input and
-    only it (and per-channel vectors) is saved.
+    candidate path for small tensors, ATen's kernels on torch's threads in place of the numba
+    kernels. It keeps the layer's contract: the output overwrites the input and only it (and
+    per-channel vectors) is saved.
 
-    Forward: ``native_batch_norm`` written into the input (statistics, running statistics and
-    output in one call), then ``leaky_relu_``. Backward: ``dL/dy`` from the output, ``y`` by
-    inverting the activation (a leaky ReLU of slope ``1 / slope``), the input rebuilt from
-    ``y`` and the saved statistics, then ``native_batch_norm_backward``: five full-tensor
-    operators where the composite's backward runs two.
+    Forward: ``native_batch_norm`` (statistics, running statistics and normalised values in
+    one call), then ``leaky_relu`` written into the input, two operators as in the composite.
+    Backward: ``dL/dy`` from the output, ``y`` by inverting the activation (a leaky ReLU of
+    slope ``1 / slope``), the input rebuilt from ``y`` and the saved statistics, then
+    ``native_batch_norm_backward``: four operators over the whole tensor where the
+    composite's backward runs two.
     """
 
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var):
         gamma = weight.abs() + EPS
-        mean, invstd = (torch.empty(0, dtype=gamma.dtype, device=x.device) for _ in range(2))
-        torch.ops.aten.native_batch_norm.out(x, gamma, bias, running_mean, running_var, True,
-                                             MOMENTUM, EPS, out=x, save_mean=mean,
-                                             save_invstd=invstd)
-        torch.ops.aten.leaky_relu_(x, SLOPE)
+        y, mean, invstd = torch.native_batch_norm(x, gamma, bias, running_mean, running_var,
+                                                  True, MOMENTUM, EPS)
+        torch.ops.aten.leaky_relu.out(y, SLOPE, out=x)
         ctx.mark_dirty(x)
         ctx.save_for_backward(x, weight, bias, gamma, mean, invstd)
         return x
