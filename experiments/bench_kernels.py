@@ -82,7 +82,7 @@ from torch.autograd.function import once_differentiable
 from tqdm import tqdm
 
 from layers import InPlaceABN, ops
-from layers.kernels import common
+from layers.kernels import common, per_channel
 from layers.kernels.codecs import compute_dtype
 
 from .records import paths
@@ -246,7 +246,7 @@ class AtenInPlaceBatchNormAct(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var):
-        gamma = weight.abs() + EPS
+        gamma = per_channel.scale(weight, EPS, abs_mode=True)
         y, mean, invstd = torch.native_batch_norm(x, gamma, bias, running_mean, running_var,
                                                   True, MOMENTUM, EPS)
         torch.ops.aten.leaky_relu.out(y, SLOPE, out=x)
@@ -268,6 +268,8 @@ class AtenInPlaceBatchNormAct(torch.autograd.Function):
         x = torch.addcmul(channel(mean - bias * scale), y, channel(scale))
         dx, dgamma, dbias = torch.ops.aten.native_batch_norm_backward(
             dy, x, gamma, None, None, mean, invstd, True, EPS, [True, True, True])
+        # d gamma / d weight as one ATen operator (per_channel.scale_derivative, the same
+        # values, would take four on tensors)
         return dx, dgamma * torch.sign(weight), dbias, None, None
 
 

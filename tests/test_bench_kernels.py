@@ -187,8 +187,8 @@ def test_aten_in_place_contender_is_in_place_abn(shape):
     out.backward(grad)
 
     reference_base = base.detach().clone().requires_grad_(True)
-    reference_weight, reference_bias = weight.clone().requires_grad_(True), bias.clone()
-    reference_bias.requires_grad_(True)
+    reference_weight = weight.clone().requires_grad_(True)
+    reference_bias = bias.clone().requires_grad_(True)
     running_mean, running_var = torch.zeros(channels, **options), torch.ones(channels, **options)
     y = torch.nn.functional.batch_norm(reference_base * 1, running_mean, running_var,
                                        reference_weight.abs() + bench_kernels.EPS,
