@@ -476,6 +476,44 @@ def test_fused_forward_reads_rows_four_at_a_time_exactly(dtype, batch):
                                atol=tolerance)
 
 
+@pytest.mark.parametrize("mode", ["y", "x"], ids=["from-y", "from-x"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_whole_steps_do_not_depend_on_the_channel_block(dtype, mode, monkeypatch):
+    """The CPU whole steps run per block of channels (``cpu._channel_block``, which follows
+    the cache size and the thread count); each channel's sums run in the same order whatever
+    the block, so the output, the statistics and every gradient are bitwise the same with
+    blocks of one channel, of three (and a remainder) and of all of them, the backward
+    reading ``y`` or the stored ``x``. Not marked ``kernels``: it is about ``cpu.py``."""
+    import numpy as np
+
+    from layers.kernels import common, cpu
+
+    generator = torch.Generator().manual_seed(5)
+    batch, channels, size = 6, 40, 49
+    x_in = (torch.randn(batch, channels, size, generator=generator) * 2 + 3).to(dtype)
+    grad = torch.randn(batch, channels, size, generator=generator).to(dtype)
+    weight = torch.rand(channels, generator=generator) + 0.5
+    bias = torch.randn(channels, generator=generator)
+    backward_mode = {"y": common.MODE_Y, "x": common.MODE_XHAT_FROM_X}[mode]
+    results = []
+    for block in (1, 3, channels):
+        monkeypatch.setattr(cpu, "_channel_block", lambda view, tensors, threads, b=block: b)
+        y, dz = x_in.clone(), grad.clone()
+        running_mean, running_var = torch.zeros(channels), torch.ones(channels)
+        state = cpu.forward_step(y, y, weight, bias, running_mean, running_var, True, 0.1, 1e-5,
+                                 common.ACT_LEAKY_RELU, 0.01, True)
+        stored = x_in if mode == "x" else None
+        dweight, dbias = cpu.backward_step(y, dz, stored, state, common.ACT_LEAKY_RELU, 0.01,
+                                           backward_mode, True, True, np.float32, True, True)
+        results.append([y, dz, running_mean, running_var, torch.from_numpy(state),
+                        torch.from_numpy(dweight), torch.from_numpy(dbias)])
+    names = ("output", "input grad", "running mean", "running var", "state", "weight grad",
+             "bias grad")
+    for block, other in zip((3, channels), results[1:]):
+        for name, one, blocked in zip(names, results[0], other):
+            assert torch.equal(one, blocked), f"{name} with blocks of {block} channels"
+
+
 def away_from_the_kink(x, layer, margin=1e-4):
     """``x`` with the few elements whose normalized value ``y`` lies within ``margin`` of the
     activation's kink at 0 moved off it.

@@ -10,11 +10,16 @@ converted in registers (:mod:`layers.kernels.codecs`). For the eager path of
 :mod:`layers.functional` it also runs a layer's whole forward and whole backward in one call
 each (``forward_step``, ``backward_step``), the per-channel arithmetic included.
 
-Memory traffic: in training, the in-place forward reads each channel once and writes it once
-(statistics and output back to back per channel, the second read hitting cache; the statistics
-read four of the channel's rows at a time, four memory streams instead of one); the backward
-makes two reads for the reductions and two reads plus one write for the input gradient. Fusing
-the two backward passes per channel was measured not to help. In the ``(N, C, S)`` view, sums
+Memory traffic: in training, the in-place forward of an ``(N, C, S)`` view reads each channel
+once and writes it once: statistics and output back to back per block of channels, the second
+read hitting cache (the statistics read four of a channel's rows at a time, four memory
+streams instead of one; a block of channels with short rows is read as long contiguous runs,
+see :func:`_channel_block`). The whole backward step (:func:`backward_step`) does the same per
+block of channels: the reductions read the output and the incoming gradient from memory, the
+input gradient reads them again from cache and writes over the incoming gradient. The separate
+backward passes make two reads for the reductions and two reads plus one write for the input
+gradient (the reductions of all channels must be complete before the input gradient, for
+``InPlaceABNSync``). In the ``(N, C, S)`` view, sums
 are taken over blocks of ``_BLOCK`` elements in the compute precision (the data's, float32 for
 16-bit data; the fused forward's blocks take four rows' ``_BLOCK`` elements) and the block sums
 added in float64; the channels-last view does the same per channel over blocks of ``_BLOCK``
@@ -243,10 +248,10 @@ def _shifted_four_row_sums(r0, r1, r2, r3, k):
     read channel by channel), a single stream leaves the memory idle while each row's first
     cache lines arrive; four keep it busy (measured, interleaved with the one-row version on 2
     cores: the fused forward 10 to 25% faster at ResNeXt-101's 56x56 and 28x28 stage shapes,
-    as fast at 7x7 maps, whose short rows leave little to overlap). A block's sums in the compute dtype run over the four rows' ``_BLOCK`` elements
-    together (``4 * _BLOCK`` values; one accumulator per sum, as separate ones per row measured
-    slower). The rows are separate, contiguous arguments: one strided ``(4, S)`` view of them
-    would not vectorise.
+    as fast at 7x7 maps, whose short rows leave little to overlap). A block's sums in the
+    compute dtype run over the four rows' ``_BLOCK`` elements together (``4 * _BLOCK``
+    values; one accumulator per sum, as separate ones per row measured slower). The rows are
+    separate, contiguous arguments: one strided ``(4, S)`` view of them would not vectorise.
     """
     s1 = 0.0
     s2 = 0.0
@@ -476,35 +481,48 @@ def _input_rows(z, dz, x, start, stop, p, q, coef, act, slope, floor, mode, out)
 # floating-point options.
 
 @_jit_scalar
-def _moments_normalize_ncs(x, gamma, beta, eps, act, slope, coef):
-    """Per channel (in parallel): the statistics, then the output in place while the channel
-    is in cache. Returns the (2, C) ``[mean, M2]``; ``coef`` (a (2, C) array of the compute
-    dtype) receives each channel's scale and shift."""
+def _moments_normalize_ncs(x, gamma, beta, eps, act, slope, coef, block):
+    """Per block of ``block`` consecutive channels (blocks in parallel): the statistics, then
+    the output in place while the block is in cache. Returns the (2, C) ``[mean, M2]``;
+    ``coef`` (a (2, C) array of the compute dtype) receives each channel's scale and shift.
+
+    Each channel's sums are taken in the same order whatever ``block`` is (four of its rows at
+    a time, :func:`_shifted_four_row_sums`, in the order of the batch), so the result does not
+    depend on it. Within a block, the rows of one batch item are consecutive in memory: a block
+    of channels whose rows are short is read as long contiguous runs, which the hardware
+    prefetches, instead of one short run per row far apart from the next (:func:`_channel_block`).
+    """
     n, c, s = x.shape
     result = np.empty((2, c), np.float64)
-    for j in numba.prange(c):
-        s1 = 0.0
-        s2 = 0.0
-        shift = load(x[0, j, 0])
-        grouped = n - n % 4  # rows read four at a time (:func:`_shifted_four_row_sums`)
+    grouped = n - n % 4
+    for blk in numba.prange(-(-c // block)):
+        first, last = blk * block, min((blk + 1) * block, c)
+        for j in range(first, last):  # sums into result, the sample value into coef[0]
+            result[0, j] = 0.0
+            result[1, j] = 0.0
+            coef[0, j] = load(x[0, j, 0])
         for i in range(0, grouped, 4):
-            r1, r2 = _shifted_four_row_sums(x[i, j], x[i + 1, j], x[i + 2, j],
-                                            x[i + 3, j], shift)
-            s1 += r1
-            s2 += r2
+            for j in range(first, last):
+                r1, r2 = _shifted_four_row_sums(x[i, j], x[i + 1, j], x[i + 2, j],
+                                                x[i + 3, j], coef[0, j])
+                result[0, j] += r1
+                result[1, j] += r2
         for i in range(grouped, n):
-            r1, r2 = _shifted_row_sums(x[i, j], shift)
-            s1 += r1
-            s2 += r2
-        mean, m2 = _finish_moments(s1, s2, shift, n * s)
-        result[0, j] = mean
-        result[1, j] = m2
-        scale = gamma[j] / np.sqrt(m2 / (n * s) + eps)
-        coef[0, j] = scale  # through coef, a and b take the compute dtype
-        coef[1, j] = beta[j] - mean * scale
+            for j in range(first, last):
+                r1, r2 = _shifted_row_sums(x[i, j], coef[0, j])
+                result[0, j] += r1
+                result[1, j] += r2
+        for j in range(first, last):
+            mean, m2 = _finish_moments(result[0, j], result[1, j], coef[0, j], n * s)
+            result[0, j] = mean
+            result[1, j] = m2
+            scale = gamma[j] / np.sqrt(m2 / (n * s) + eps)
+            coef[0, j] = scale  # through coef, a and b take the compute dtype
+            coef[1, j] = beta[j] - mean * scale
         for i in range(n):
-            row = x[i, j]
-            _forward_row(row, row, coef[0, j], coef[1, j], act, slope)
+            for j in range(first, last):
+                row = x[i, j]
+                _forward_row(row, row, coef[0, j], coef[1, j], act, slope)
     return result
 
 
@@ -544,8 +562,8 @@ def _input_ncs(z, dz, x, p, q, coef, act, slope, floor, mode, chunks):
 
 @_Variants(_parallel_reduction, _ACTS)
 def _moments_forward_ncs_inplace(act):
-    def kernel(x, gamma, beta, eps, slope, coef):
-        return _moments_normalize_ncs(x, gamma, beta, eps, act, slope, coef)
+    def kernel(x, gamma, beta, eps, slope, coef, block):
+        return _moments_normalize_ncs(x, gamma, beta, eps, act, slope, coef, block)
     return kernel
 
 
@@ -660,11 +678,30 @@ def _chunks(view, threads):
     few per thread (``threads``, as :func:`_follow_torch_threads` returns it).
 
     The rows are the ``N * C`` rows of an ``(N, C, S)`` view or the ``M`` rows of an ``(M, C)``
-    one. The element-wise channels-last loops and every ``(N, C, S)`` kernel but the fused
-    forward use it; the ``(N, C, S)`` reductions keep one partial sum per row, so their results
-    do not depend on it (nor, through it, on the thread count)."""
+    one. The element-wise channels-last loops and the ``(N, C, S)`` kernels other than the whole
+    steps (which split by channels, :func:`_channel_block`) use it; the ``(N, C, S)``
+    reductions keep one partial sum per row, so their results do not depend on it (nor,
+    through it, on the thread count)."""
     rows = view.numel() // view.shape[-1]
     return max(1, min(rows, 4 * threads))
+
+
+#: Bytes of data a block of channels of the whole steps should hold at most: read once for the
+#: statistics or the backward's sums, the block is still in the core's L2 cache (512 KiB and up
+#: on current x86 cores) when it is read again for the output or the input gradient. Measured
+#: (AMD EPYC Zen 3, 2 threads, the fused forward at ResNeXt-101's stage shapes): 128 to 512 KiB
+#: within a few percent of one another, 32 KiB and 1 MiB slower.
+_CACHED_BLOCK_BYTES = 256 * 1024
+
+
+def _channel_block(view, tensors, threads):
+    """Channels per block of a whole step on the ``(N, C, S)`` ``view`` that reads ``tensors``
+    tensors of its shape: as many as fit :data:`_CACHED_BLOCK_BYTES` (one when a channel alone
+    is larger), and few enough that each of the ``threads`` gets several blocks. The results
+    do not depend on it (see :func:`_moments_normalize_ncs`, :func:`_backward_step_ncs`)."""
+    n, c, s = view.shape
+    fits = _CACHED_BLOCK_BYTES // max(1, tensors * n * s * view.element_size())
+    return max(1, min(fits, c // (4 * threads)))
 
 
 def _reduction_chunks(rows):
@@ -716,19 +753,19 @@ def moments_forward(x, out, gamma, beta, eps, act, slope):
     """``moments(x)``, and ``out = act(gamma * (x - mean) / sqrt(var + eps) + beta)``.
 
     The training forward in one call. In place, with at least ``_FUSED_MIN_CHANNELS`` channels
-    (to spread over the threads), each channel's statistics and output are computed back to
-    back while its data is in cache, so the input is read from memory once instead of twice
-    (measured: about as fast as a copy of the tensor). Out of place, or with fewer channels,
-    the two passes run one after the other: writing a second tensor channel by channel
-    measured slower than the row-wise ``forward``.
+    (to spread over the threads), the statistics and output of each block of channels are
+    computed back to back while its data is in cache, so the input is read from memory once
+    instead of twice (measured: about as fast as a copy of the tensor). Out of place, or with
+    fewer channels, the two passes run one after the other: writing a second tensor channel by
+    channel measured slower than the row-wise ``forward``.
     ``gamma``, ``beta``: float64 ``(C,)``. An empty view writes nothing; its moments are NaN.
     """
     return torch.from_numpy(_moments_forward(x, out, gamma, beta, eps, act, slope))
 
 
 def _fuses_statistics(x, out):
-    """Whether the training forward on the non-empty view ``x`` computes each channel's
-    statistics and output back to back (see :func:`moments_forward`)."""
+    """Whether the training forward on the non-empty view ``x`` computes the statistics and
+    output of each block of channels back to back (see :func:`moments_forward`)."""
     return x.dim() == 3 and _in_place(out, x) and x.shape[1] >= _FUSED_MIN_CHANNELS
 
 
@@ -739,11 +776,12 @@ def _moments_forward(x, out, gamma, beta, eps, act, slope):
     if not _fuses_statistics(x, out):  # the scale and shift as torch operators
         return compose_moments_forward(sys.modules[__name__], x, out, torch.as_tensor(gamma),
                                        torch.as_tensor(beta), eps, act, slope).numpy()
-    _follow_torch_threads()
+    threads = _follow_torch_threads()
     xa = _np(x)
     coef = compute_empty((2, x.shape[1]), xa)
     return _moments_forward_ncs_inplace[act](xa, _np(gamma), _np(beta), float(eps),
-                                             _scalar(slope, xa), coef)
+                                             _scalar(slope, xa), coef,
+                                             _channel_block(x, 1, threads))
 
 
 def forward(x, out, a, b, act, slope):
@@ -859,11 +897,12 @@ def _channel_value_coefficients(state, from_x, pq):
 
 
 @_serial
-def _channel_gradients(state, sums, training, variant_y, coef, dweight, dbias):
-    """The backward's per-channel results from the global sums ``[sum dy, sum dy * v]``:
-    ``coef`` (or ``None``: no input gradient) the input gradient's ``(k0, k1, k2)``,
-    ``dweight`` and ``dbias`` (or ``None``) the parameter gradients."""
-    for j in range(state.shape[1]):
+def _channel_gradients(state, sums, training, variant_y, coef, dweight, dbias, first, last):
+    """The backward's per-channel results, for channels ``first`` to ``last``, from the global
+    sums ``[sum dy, sum dy * v]``: ``coef`` (or ``None``: no input gradient) the input
+    gradient's ``(k0, k1, k2)``, ``dweight`` and ``dbias`` (or ``None``) the parameter
+    gradients."""
+    for j in range(first, last):
         gamma, beta, rstd, count = state[0, j], state[1, j], state[4, j], state[5, j]
         sum_dy, sum_dy_v = sums[0, j], sums[1, j]
         if coef is not None:
@@ -895,13 +934,13 @@ def _optional(t):
 @_Variants(_parallel_reduction, _ACTS)
 def _forward_step_ncs_inplace(act):
     def kernel(x, weight, bias, running_mean, running_var, eps, momentum, abs_mode, slope,
-               state):
+               state, block):
         """The training forward in place: the scale, the statistics and output channel by
         channel, the batch and running statistics; the per-channel state into ``state``."""
         n, c, s = x.shape
         _channel_scale(weight, bias, eps, abs_mode, state)
         coef = compute_empty((2, c), x)
-        moments = _moments_normalize_ncs(x, state[0], state[1], eps, act, slope, coef)
+        moments = _moments_normalize_ncs(x, state[0], state[1], eps, act, slope, coef, block)
         _channel_batch_statistics(moments, n * s, eps, momentum, running_mean, running_var,
                                   state)
     return kernel
@@ -911,17 +950,36 @@ def _forward_step_ncs_inplace(act):
 def _backward_step_ncs(act, mode):
     from_x, variant_y = mode == MODE_XHAT_FROM_X, mode == MODE_Y
 
-    def kernel(z, dz, x, state, training, slope, floor, chunks, coef, dweight, dbias):
-        """The backward: ``v``'s coefficients, the reductions, the per-channel gradients and,
-        unless ``coef`` is None, the input gradient over ``dz`` (its element-wise arithmetic
-        compiled with the reductions' reassociation and contraction, so it may differ from
-        :func:`_backward_input_ncs` in the last bit)."""
-        pq = compute_empty((2, z.shape[1]), z)
+    def kernel(z, dz, x, state, training, slope, floor, block, coef, dweight, dbias):
+        """The backward per block of ``block`` consecutive channels (blocks in parallel):
+        ``v``'s coefficients, the reductions, the per-channel gradients and, unless ``coef``
+        is None, the input gradient over ``dz`` while the block is in cache (its element-wise
+        arithmetic compiled with the reductions' reassociation and contraction, so it may
+        differ from :func:`_backward_input_ncs` in the last bit). Each channel's sums run over
+        its rows in the order of the batch, as in :func:`_reduce_ncs`, whatever ``block`` is."""
+        n, c, _ = z.shape
+        pq = compute_empty((2, c), z)
         _channel_value_coefficients(state, from_x, pq)
-        sums = _reduce_ncs(z, dz, x, pq[0], pq[1], act, slope, floor, mode, chunks)
-        _channel_gradients(state, sums, training, variant_y, coef, dweight, dbias)
-        if coef is not None:
-            _input_ncs(z, dz, x, pq[0], pq[1], coef, act, slope, floor, mode, chunks)
+        sums = np.empty((2, c), np.float64)
+        for blk in numba.prange(-(-c // block)):
+            first, last = blk * block, min((blk + 1) * block, c)
+            for j in range(first, last):
+                sums[0, j] = 0.0
+                sums[1, j] = 0.0
+            for i in range(n):
+                for j in range(first, last):
+                    s0, s1 = _reduce_row(z[i, j], dz[i, j], x[i, j], pq[0, j], pq[1, j], act,
+                                         slope, floor, mode)
+                    sums[0, j] += s0
+                    sums[1, j] += s1
+            _channel_gradients(state, sums, training, variant_y, coef, dweight, dbias, first,
+                               last)
+            if coef is not None:
+                for i in range(n):
+                    for j in range(first, last):
+                        grad = dz[i, j]
+                        _input_row(z[i, j], grad, x[i, j], pq[0, j], pq[1, j], coef[0, j],
+                                   coef[1, j], coef[2, j], act, slope, floor, mode, grad)
     return kernel
 
 
@@ -941,10 +999,11 @@ def forward_step(x, out, weight, bias, running_mean, running_var, training, mome
     vectors = (_optional(weight), _optional(bias), _optional(running_mean),
                _optional(running_var))
     if training and not _empty(x) and _fuses_statistics(x, out):
-        _follow_torch_threads()
+        threads = _follow_torch_threads()
         xa = _np(x)
         _forward_step_ncs_inplace[act](xa, *vectors, float(eps), float(momentum),
-                                       bool(abs_mode), _scalar(slope, xa), state)
+                                       bool(abs_mode), _scalar(slope, xa), state,
+                                       _channel_block(x, 1, threads))
         return state
     weight, bias, running_mean, running_var = vectors
     _channel_scale(weight, bias, float(eps), bool(abs_mode), state)
@@ -977,14 +1036,16 @@ def backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param
     dbias = np.empty(channels, param_dtype) if has_bias else None
     if z.dim() == 3 and not _empty(z):
         threads = _follow_torch_threads()
+        block = _channel_block(z, 2 if x is None else 3, threads)  # z, dz (and x)
         _backward_step_ncs[act, mode](za, dza, xa, state, bool(training), _scalar(slope, za),
-                                      _elu_floor(z), _chunks(z, threads), coef, dweight, dbias)
+                                      _elu_floor(z), block, coef, dweight, dbias)
         return dweight, dbias
     pq = compute_empty((2, channels), za)
     _channel_value_coefficients(state, mode == MODE_XHAT_FROM_X, pq)
     p, q = pq[0], pq[1]
     sums = _backward_sums(z, za, dza, xa, p, q, act, slope, mode)
-    _channel_gradients(state, sums, bool(training), mode == MODE_Y, coef, dweight, dbias)
+    _channel_gradients(state, sums, bool(training), mode == MODE_Y, coef, dweight, dbias, 0,
+                       channels)
     if input_grad and not _empty(z):
         _input_gradient_in_place(z, za, dza, xa, p, q, coef, act, slope, mode)
     return dweight, dbias
