@@ -244,11 +244,17 @@ def exporting():
     """Whether the forward is being captured as a graph of standard ops: scripted or traced
     (``torch.jit``), exported (``torch.onnx.export``, ``torch.export``) or symbolically traced
     (``torch.fx``, as :func:`layers.fuse_abn` does). The layers then record standard PyTorch
-    ops (``inference_forward``), and the DenseNets their plain concatenation."""
+    ops (``inference_forward``), and the DenseNets their plain concatenation.
+
+    ``torch.onnx.export`` is covered by the tracing and export tests: its default exporter
+    runs ``torch.export`` (``is_exporting()``), the TorchScript one traces (``is_tracing()``),
+    as ``tests/test_export.py`` checks for both exporters. ``torch.onnx.is_in_onnx_export()`` is not
+    asked: it imports two modules on every call, the largest part of this function's time
+    (measured on 2 cores after a copy of 12.8 MB, as between layers: 45 us with it, the
+    others together about 20)."""
     if torch.jit.is_scripting():
         return True
-    return (torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
-            or torch.compiler.is_exporting()
+    return (torch.jit.is_tracing() or torch.compiler.is_exporting()
             or torch.fx._symbolic_trace.is_fx_symbolic_tracing())
 
 

@@ -83,6 +83,23 @@ def test_layer_scripts_traces_and_exports_to_onnx(cls, activation, param, scale_
     torch.testing.assert_close(_onnx_run(layer, x), expected, **TOL)
 
 
+@pytest.mark.parametrize("cls", [layers.ABN, layers.InPlaceABN], ids=lambda c: c.__name__)
+def test_layer_exports_to_onnx_with_the_torchscript_exporter(cls):
+    """The deprecated TorchScript-based ONNX exporter (``dynamo=False``) traces the layer, so
+    it records ``inference_forward`` too (``layers.abn.exporting`` asks the tracer, not
+    ``torch.onnx.is_in_onnx_export``): the file runs in onnxruntime with the eager result."""
+    layer = _layer(cls, "leaky_relu", 0.2, "abs")
+    x = torch.randn(3, 6, 5, 4, generator=torch.Generator().manual_seed(2))
+    buffer = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        expected = layer(x.clone())
+        torch.onnx.export(layer, (x.clone(),), buffer, dynamo=False, input_names=["x"])
+    session = ort.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"])
+    torch.testing.assert_close(torch.from_numpy(session.run(None, {"x": x.numpy()})[0]),
+                               expected, **TOL)
+
+
 def test_layer_without_affine_parameters_scripts():
     layer = _layer(layers.InPlaceABN, "leaky_relu", 0.01, "abs", affine=False)
     x = torch.randn(2, 6, 3, 3)
