@@ -248,10 +248,9 @@ def exporting():
 
     ``torch.onnx.export`` is covered by the tracing and export tests: its default exporter
     runs ``torch.export`` (``is_exporting()``), the TorchScript one traces (``is_tracing()``),
-    as ``tests/test_export.py`` checks for both exporters. ``torch.onnx.is_in_onnx_export()`` is not
-    asked: it imports two modules on every call, the largest part of this function's time
-    (measured on 2 cores after a copy of 12.8 MB, as between layers: 45 us with it, the
-    others together about 20)."""
+    as ``tests/test_export.py`` checks for both exporters. ``torch.onnx.is_in_onnx_export()``
+    is not asked: it imports two modules on every call, more than the other checks together
+    cost (the function runs in every layer's forward)."""
     if torch.jit.is_scripting():
         return True
     return (torch.jit.is_tracing() or torch.compiler.is_exporting()

@@ -51,13 +51,19 @@ def _layer(cls, activation, param, scale_mode, affine=True):
     return layer.eval()
 
 
-def _onnx_run(model, x):
-    """The model exported with ``torch.onnx.export`` and run by onnxruntime."""
+def _onnx_run(model, x, dynamo=True):
+    """The model exported with ``torch.onnx.export`` and run by onnxruntime: by the default
+    exporter (``torch.export``), or with ``dynamo=False`` the deprecated TorchScript one."""
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(model, (x,), dynamo=True, verbose=False)
-    session = ort.InferenceSession(program.model_proto.SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
+        if dynamo:
+            model_bytes = torch.onnx.export(model, (x,), dynamo=True,
+                                            verbose=False).model_proto.SerializeToString()
+        else:
+            buffer = io.BytesIO()
+            torch.onnx.export(model, (x,), buffer, dynamo=False)
+            model_bytes = buffer.getvalue()
+    session = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
     return torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0])
 
 
@@ -90,14 +96,9 @@ def test_layer_exports_to_onnx_with_the_torchscript_exporter(cls):
     ``torch.onnx.is_in_onnx_export``): the file runs in onnxruntime with the eager result."""
     layer = _layer(cls, "leaky_relu", 0.2, "abs")
     x = torch.randn(3, 6, 5, 4, generator=torch.Generator().manual_seed(2))
-    buffer = io.BytesIO()
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
+    with torch.no_grad():
         expected = layer(x.clone())
-        torch.onnx.export(layer, (x.clone(),), buffer, dynamo=False, input_names=["x"])
-    session = ort.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"])
-    torch.testing.assert_close(torch.from_numpy(session.run(None, {"x": x.numpy()})[0]),
-                               expected, **TOL)
+    torch.testing.assert_close(_onnx_run(layer, x, dynamo=False), expected, **TOL)
 
 
 def test_layer_without_affine_parameters_scripts():
