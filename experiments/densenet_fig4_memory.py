@@ -123,7 +123,7 @@ def apply_budget(budget_gib, device):
     total = torch.cuda.get_device_properties(device).total_memory
     enforced = budget is not None and budget < total
     if enforced:
-        torch.cuda.set_per_process_memory_fraction(budget / total, device)
+        tensor_memory.cap_cuda_memory(budget / total, device)
     return {"budget_bytes": budget, "budget_enforced": enforced, "device_memory_bytes": total}
 
 

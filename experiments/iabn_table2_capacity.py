@@ -508,7 +508,7 @@ def run(args):
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = False
         total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
+        tensor_memory.cap_cuda_memory(min(1.0, budget / total), device)
     warm_crop = 2 * args.crop_step  # small: the warm-up only allocates the training state
     try:
         step.warm_up(MIN_CROPS, warm_crop, args.warmup)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.cuda._utils import _get_device_index
 
 from experiments import densenet_fig4_memory as fig4
 from experiments.measure import step as measure
@@ -88,16 +89,22 @@ def test_budget_caps_a_larger_gpu_and_is_only_recorded_elsewhere(monkeypatch):
     class Properties:
         total_memory = 48 * 2 ** 30
 
+    def set_fraction(fraction, device):
+        # torch's own check: an index, or a device with one (a bare "cuda" raises ValueError)
+        fractions.append((fraction, _get_device_index(device)))
+
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Properties)
-    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
-                        lambda fraction, device: fractions.append(fraction))
-    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", set_fraction)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    cuda = torch.device("cuda")  # as --device cuda gives it: no index
     assert fig4.apply_budget(12, cuda)["budget_enforced"] is True
-    assert fractions == [0.25]
+    assert fractions == [(0.25, 0)]
+    assert fig4.apply_budget(12, torch.device("cuda:1"))["budget_enforced"] is True
+    assert fractions == [(0.25, 0), (0.25, 1)]
     assert fig4.apply_budget(64, cuda)["budget_enforced"] is False  # the GPU is the limit
     assert fig4.apply_budget(None, cuda) == {"budget_bytes": None, "budget_enforced": False,
                                              "device_memory_bytes": 48 * 2 ** 30}
-    assert fractions == [0.25]
+    assert len(fractions) == 2
 
 
 SIMULATED = ["--simulate", "--growth-rate", "4", "--batch", "2", "--size", "8"]

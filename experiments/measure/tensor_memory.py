@@ -256,5 +256,18 @@ def step_memory(model, batch, loss, optimizer):
     return StepMemory(tracker.peak, tracker.peak_by_kind(), start, tracker.total, simulated)
 
 
+def cap_cuda_memory(fraction, device):
+    """Cap this process's CUDA caching allocator on ``device`` at ``fraction`` of the GPU
+    (``torch.cuda.set_per_process_memory_fraction``), so that a larger GPU answers out of
+    memory where a smaller one would.
+
+    ``device`` may have no index (``torch.device("cuda")``, as ``--device cuda`` gives it): the
+    setter takes only an index or an indexed device, so the current device's index is used.
+    """
+    index = torch.cuda.current_device() if device.index is None else device.index
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
+
+
 __all__ = ["TensorMemoryTracker", "StepMemory", "step_memory", "training_state_tracker",
-           "optimizer_state", "KINDS", "NOT_COUNTED", "SIMULATED_METHOD", "storage_key"]
+           "cap_cuda_memory", "optimizer_state", "KINDS", "NOT_COUNTED", "SIMULATED_METHOD",
+           "storage_key"]
