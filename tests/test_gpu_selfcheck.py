@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.gpu_selfcheck import checks, cli, layer_tests, report, timing
+from experiments.gpu_selfcheck import checks, cli, layer_tests, parallel, report, timing
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA = torch.cuda.is_available()
@@ -233,6 +233,14 @@ def test_cli_refuses_a_file_as_out(tmp_path):
         cli.parse_args(["--out", str(tmp_path / "file")])
 
 
+def test_cli_jobs(capsys):
+    assert cli.parse_args([]).jobs == 1
+    assert cli.parse_args(["--jobs", "16"]).jobs == 16
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--jobs", "0"])
+    assert "--jobs 0: must be at least 1" in capsys.readouterr().err
+
+
 def test_artifacts_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
     result = recorded_result()
     json_path, md_path = cli.write_artifacts(result, tmp_path / "out")
@@ -262,12 +270,85 @@ def test_cli_with_a_gpu_writes_both_files_and_fails_on_failed_checks(tmp_path, m
                                                                      capsys):
     """The GPU path of main() with the measurement replaced by the recorded result."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(cli, "run_selfcheck", lambda settings: recorded_result())
+    monkeypatch.setattr(cli, "run_selfcheck", lambda settings, jobs: recorded_result())
     assert cli.main(["--out", str(tmp_path), "--quick"]) == 1
     assert "FAILED; checks 3 passed, 2 failed, 1 skipped" in capsys.readouterr().out
     assert (tmp_path / "NVIDIA_H100_80GB_HBM3.md").is_file()
-    monkeypatch.setattr(cli, "run_selfcheck", lambda settings: passing_result())
-    assert cli.main(["--out", str(tmp_path)]) == 0
+    asked = []
+    monkeypatch.setattr(cli, "run_selfcheck",
+                        lambda settings, jobs: asked.append(jobs) or passing_result())
+    assert cli.main(["--out", str(tmp_path), "--jobs", "3"]) == 0
+    assert asked == [3]
+
+
+# --------------------------------------------------------------------------- parallel checks
+def test_slices_cut_the_case_list_by_dtype_layout_and_layer():
+    case_list = checks.cases()
+    parts = parallel.slices(case_list)
+    assert len(parts) == len(checks.DTYPES) * len(checks.LAYOUTS) * len(checks.LAYERS)
+    assert sorted((c.name for part in parts for c in part)) == sorted(c.name for c in case_list)
+    for part in parts:
+        assert len({(c.dtype, c.layout, c.layer, c.variant) for c in part}) == 1
+
+
+def test_parallel_checks_give_the_serial_records():
+    """Two slices (ABN's cases, first and third, and InPlaceABN's) in two worker processes,
+    each compiling into a cache of its own: the same records as one process, in the case
+    list's order."""
+    abn = dict(layer="ABN", variant=None, dtype="float64", layout="contiguous", training=False)
+    case_list = [case(**abn, activation="identity", param=None),
+                 case(dtype="float64", layout="contiguous", activation="identity", param=None,
+                      training=False),
+                 case(**abn, activation="leaky_relu", param=0.01)]
+    serial = checks.run_checks(SHAPE, "cpu", case_list)
+    progress = []
+    records = parallel.run_checks(SHAPE, "cpu", case_list, jobs=2,
+                                  progress=lambda items: progress.extend(items) or items)
+    assert progress == [0, 1]
+    assert [r["name"] for r in records] == [r["name"] for r in serial]
+    assert all(r["status"] == "pass" for r in records)
+    for got, want in zip(records, serial):
+        assert got["max_abs_error"] == pytest.approx(want["max_abs_error"], rel=1e-6, abs=1e-15)
+
+
+def test_selfcheck_with_jobs_runs_the_layer_tests_beside_the_parallel_checks(monkeypatch):
+    events = []
+
+    class Tests:
+        def __init__(self, device, timeout):
+            events.append("tests started")
+
+        def result(self):
+            events.append("tests waited for")
+            return {"status": "pass", "duration_s": 1.0}
+
+    def parallel_checks(shape, device, case_list, jobs, progress=None):
+        events.append(f"checks in {jobs} processes")
+        return []
+
+    monkeypatch.setattr(layer_tests, "unavailable", lambda: None)
+    monkeypatch.setattr(layer_tests, "Run", Tests)
+    monkeypatch.setattr(parallel, "run_checks", parallel_checks)
+    monkeypatch.setattr(checks, "run_checks", lambda *a, **k: pytest.fail("ran serially"))
+    monkeypatch.setattr(timing, "run_timings", lambda *a, **k: [])
+    result = cli.run_selfcheck(cli.QUICK, "cpu", jobs=3)
+    assert events == ["tests started", "checks in 3 processes", "tests waited for"]
+    assert result["settings"]["jobs"] == 3 and result["layer_tests"]["status"] == "pass"
+
+
+def test_a_worker_that_dies_leaves_an_error_record_per_case(monkeypatch):
+    monkeypatch.setattr(parallel, "_command", lambda spec, out: [
+        sys.executable, "-c", "import sys; print('worker broke'); sys.exit(3)"])
+    case_list = [case(), case(dtype="float64")]
+    records = parallel.run_checks(SHAPE, "cpu", case_list, jobs=1)
+    assert [(r["case"]["name"], r["status"]) for r in records] == [
+        (c.name, "error") for c in case_list]
+    assert "exited with status 3" in records[0]["message"]
+    assert "worker broke" in records[0]["message"]
+    with pytest.raises(ValueError, match="jobs=0"):
+        parallel.run_checks(SHAPE, "cpu", case_list, jobs=0)
+    with pytest.raises(ValueError, match="named once"):
+        parallel.run_checks(SHAPE, "cpu", [case(), case()], jobs=2)
 
 
 # --------------------------------------------------------------------------- comparisons

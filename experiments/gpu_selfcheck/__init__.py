@@ -1,5 +1,5 @@
 """The GPU self-check: what a user with a CUDA GPU runs first (``snakemake --cores all
-gpu_selfcheck``, or ``python -m experiments.gpu_selfcheck [--out DIR] [--quick]``).
+gpu_selfcheck``, or ``python -m experiments.gpu_selfcheck [--out DIR] [--quick] [--jobs N]``).
 
 On the machine's current CUDA device it runs the layer tests on CUDA tensors
 (:mod:`.layer_tests`), compares the ``numba.cuda`` kernels with the CPU kernels and with

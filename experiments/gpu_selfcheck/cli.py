@@ -1,10 +1,13 @@
-"""``python -m experiments.gpu_selfcheck [--out DIR] [--quick]``: the self-check's command line.
+"""``python -m experiments.gpu_selfcheck [--out DIR] [--quick] [--jobs N]``: the self-check's
+command line.
 
 Without a CUDA GPU it prints that there is nothing to check and exits with status 0, writing
 nothing. With one it runs, on the current CUDA device:
 
 1. the numerical checks (:mod:`.checks`), which compile every kernel (numba caches them on
-   disk: a later run skips the compilation);
+   disk: a later run skips the compilation); with ``--jobs N`` (N > 1) in N worker processes
+   at once (:mod:`.parallel`, each with a numba cache of its own, dropped afterwards), while
+   the layer tests run beside them;
 2. the layer tests on CUDA tensors (:mod:`.layer_tests`), in a pytest subprocess;
 3. the timings (:mod:`.timing`), the GPU otherwise idle;
 
@@ -26,7 +29,7 @@ from tqdm import tqdm
 
 from ..records.atomic import atomic_path, write_json_atomic
 from ..records.environment import describe_environment
-from . import checks, layer_tests, report, timing
+from . import checks, layer_tests, parallel, report, timing
 
 NO_GPU_MESSAGE = ("gpu_selfcheck: no CUDA GPU on this machine (torch.cuda.is_available() is "
                   "False): nothing to check, nothing written")
@@ -75,7 +78,13 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true",
                         help="a smaller check tensor, 2 timing shapes, contiguous only, "
                              "fewer repeats")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="run the checks in N processes at once, the layer tests beside "
+                             "them (compiles the kernels N times faster on N cores; the "
+                             "kernels compiled then are not cached for a later run; default 1)")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs}: must be at least 1")
     if args.out.exists() and not args.out.is_dir():
         parser.error(f"--out {args.out}: is a file, expected a directory")
     return args
@@ -104,32 +113,45 @@ def _progress(desc):
     return lambda items: tqdm(items, desc=desc, file=sys.stderr, mininterval=2)
 
 
-def run_selfcheck(settings, device="cuda", run_layer_tests=True):
+def run_selfcheck(settings, device="cuda", run_layer_tests=True, jobs=1):
     """Run everything of ``settings`` on ``device``; return the result (the JSON's dict).
 
     ``run_layer_tests=False`` leaves the layer tests out (``layer_tests: None``); where they
     cannot run (no pytest, no tests/ directory) they are recorded as skipped, with the reason.
+    ``jobs`` > 1 runs the checks in that many processes (:mod:`.parallel`) and the layer tests
+    at the same time.
     """
     start = time.perf_counter()
     durations = {}
-    case_list = checks.cases(dtypes=settings.check_dtypes)
-    records = checks.run_checks(settings.check_shape, device, case_list,
-                                progress=_progress("gpu_selfcheck checks"))
-    durations["checks"] = time.perf_counter() - start
-
-    # After the checks, not beside them: the checks compile every kernel the tests use, and
-    # two processes compiling different signatures of one kernel into numba's disk cache at
-    # once can leave an index entry naming the other's machine code.
-    tests_result = None
+    tests, tests_result = None, None
     if run_layer_tests:
         reason = layer_tests.unavailable()
-        if reason is None:
+        if reason is not None:
+            tests_result = layer_tests.not_run(reason, device)
+        elif jobs > 1:
+            # Beside the checks' workers, which compile into caches of their own: the tests
+            # are then the only process writing numba's usual cache.
+            tests = layer_tests.Run(device, timeout=LAYER_TESTS_TIMEOUT_S)
+    case_list = checks.cases(dtypes=settings.check_dtypes)
+    check_progress = _progress("gpu_selfcheck checks")
+    if jobs > 1:
+        records = parallel.run_checks(settings.check_shape, device, case_list, jobs,
+                                      progress=check_progress)
+    else:
+        records = checks.run_checks(settings.check_shape, device, case_list,
+                                    progress=check_progress)
+    durations["checks"] = time.perf_counter() - start
+
+    # Serially, after the checks, not beside them: the checks compile every kernel the tests
+    # use, and two processes compiling different signatures of one kernel into numba's disk
+    # cache at once can leave an index entry naming the other's machine code.
+    if run_layer_tests and tests_result is None:
+        if tests is None:
             print("gpu_selfcheck: the layer tests on CUDA tensors (pytest)", file=sys.stderr,
                   flush=True)
-            tests_result = layer_tests.Run(device, timeout=LAYER_TESTS_TIMEOUT_S).result()
-            durations["layer_tests"] = tests_result["duration_s"]
-        else:
-            tests_result = layer_tests.not_run(reason, device)
+            tests = layer_tests.Run(device, timeout=LAYER_TESTS_TIMEOUT_S)
+        tests_result = tests.result()
+        durations["layer_tests"] = tests_result["duration_s"]
 
     gpu = gpu_info(device)
     timing_start = time.perf_counter()
@@ -148,6 +170,7 @@ def run_selfcheck(settings, device="cuda", run_layer_tests=True):
             **{k: list(v) if isinstance(v, tuple) else v
                for k, v in dataclasses.asdict(settings).items()},
             "device": str(device),
+            "jobs": jobs,
             "tolerances": {dtype: {"atol": a, "rtol": r}
                            for dtype, (a, r) in checks.TOLERANCES.items()},
             "bounds": {name: {"floor": floor, "goal": goal}
@@ -185,7 +208,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print(NO_GPU_MESSAGE, flush=True)
         return 0
-    result = run_selfcheck(QUICK if args.quick else FULL)
+    result = run_selfcheck(QUICK if args.quick else FULL, jobs=args.jobs)
     summary = report.summarize(result)
     json_path, md_path = write_artifacts(result, args.out)
     checks_count = summary["checks"]

@@ -9,8 +9,10 @@ rule gpu_selfcheck:
     and F.batch_norm + activation; writes artifacts/gpu_selfcheck/<gpu name>.json and .md.
     Without a GPU it says so and writes nothing. It declares no output (the file name is the
     GPU's), so it runs whenever it is targeted: `snakemake --cores all gpu_selfcheck`. It
-    fails (after writing both files) when a check or a layer test failed."""
+    fails (after writing both files) when a check or a layer test failed. The checks run in
+    as many processes as the rule's threads (`--jobs`: every core given to snakemake)."""
+    threads: workflow.cores
     resources:
         gpu=1,
     shell:
-        "python -m experiments.gpu_selfcheck --out artifacts/gpu_selfcheck"
+        "python -m experiments.gpu_selfcheck --out artifacts/gpu_selfcheck --jobs {threads}"
