@@ -80,8 +80,8 @@ def parse_args(argv=None):
                              "fewer repeats")
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
                         help="run the checks in N processes at once, the layer tests beside "
-                             "them (compiles the kernels N times faster on N cores; the "
-                             "kernels compiled then are not cached for a later run; default 1)")
+                             "them (the kernels compile in N processes; those compiled for "
+                             "the checks are not cached for a later run; default 1)")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: must be at least 1")
@@ -142,9 +142,10 @@ def run_selfcheck(settings, device="cuda", run_layer_tests=True, jobs=1):
                                     progress=check_progress)
     durations["checks"] = time.perf_counter() - start
 
-    # Serially, after the checks, not beside them: the checks compile every kernel the tests
-    # use, and two processes compiling different signatures of one kernel into numba's disk
-    # cache at once can leave an index entry naming the other's machine code.
+    # In one process (jobs 1), after the checks, not beside them: the checks compile every
+    # kernel the tests use into numba's usual cache, and two processes compiling different
+    # signatures of one kernel into one disk cache at once can leave an index entry naming
+    # the other's machine code.
     if run_layer_tests and tests_result is None:
         if tests is None:
             print("gpu_selfcheck: the layer tests on CUDA tensors (pytest)", file=sys.stderr,

@@ -100,6 +100,7 @@ def run_checks(shape, device, case_list, jobs, progress=None):
         finally:  # interrupted: no worker outlives its directory
             for _, worker in running:
                 worker.process.kill()
+                worker.records()  # waits for it, closes its log
     by_case = {}
     for part in results:
         for record in part:
