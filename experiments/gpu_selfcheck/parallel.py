@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from ..records.atomic import write_json_atomic
+from ..records.paths import REPO_ROOT
 from . import checks
 
 #: The environment variable of numba's disk cache directory.
@@ -41,10 +42,10 @@ def _command(spec_path, out_path):
 
 
 def _failed_worker(case_list, message):
-    """One error record per case of a worker that ended without writing its records."""
-    return [checks.record(case, "layer", "run", {
-        "status": "error", "max_abs_error": None, "max_rel_error": None, "bound": None,
-        "atol": None, "rtol": None, "message": message}) for case in case_list]
+    """One error record per case of a worker that ended without writing its records (the
+    record :func:`.checks.run_checks` makes of a case that raises)."""
+    return [checks.record(case, "layer", "run", checks._outcome("error", message))
+            for case in case_list]
 
 
 class _Worker:
@@ -58,9 +59,8 @@ class _Worker:
         spec.write_text(json.dumps({"shape": list(shape), "device": str(device),
                                     "cases": [c.describe() for c in case_list]}))
         env = {**os.environ, CACHE_VARIABLE: str(directory / f"cache{index}")}
-        root = Path(__file__).resolve().parents[2]
         self._log = open(directory / f"slice{index}.log", "w+", encoding="utf-8")
-        self.process = subprocess.Popen(_command(spec, self.out), cwd=root, env=env,
+        self.process = subprocess.Popen(_command(spec, self.out), cwd=REPO_ROOT, env=env,
                                         stdout=self._log, stderr=subprocess.STDOUT, text=True)
 
     def records(self):
