@@ -41,15 +41,17 @@ model trained under autocast). Layouts: contiguous and channels-last inputs are 
 (the kernels' ``(N, C, S)`` and ``(M, C)`` views); any other layout, and an incoming gradient
 laid out unlike the output, is copied once into a canonical view.
 
-Two paths run the same kernels (:func:`host_steps` picks one). Where the CPU kernels run
-eagerly, the forward and the backward are one call each into the CPU backend
-(``forward_step``, ``backward_step`` of :mod:`layers.kernels.cpu`: the kernels and the
-per-channel arithmetic of :mod:`layers.kernels.per_channel` as compiled loops, back to back).
-Everywhere else every kernel call goes through the custom operators of :mod:`layers.ops`, and
-the per-channel arithmetic runs as torch operators: the operators' fake implementations let
-these functions run on ``FakeTensorMode`` and ``meta`` tensors (shapes only) and under
-``torch.compile(fullgraph=True)``, and the CUDA kernels and synchronised layers take this path
-too. The value checks that need data (the ``scale_mode="bn"`` check above) are skipped on
+Two paths run the same kernels (:func:`whole_steps` picks one). Where the kernels run eagerly
+on tensors with data, the forward and the backward are one call each into the kernel backend
+(``forward_step``, ``backward_step``): the kernels and the per-channel arithmetic of
+:mod:`layers.kernels.per_channel` back to back, as compiled loops on the CPU and as kernels
+of their own on CUDA (2 to 4 launches a step, no torch operator in between). Everywhere else
+every kernel call goes through the custom operators of :mod:`layers.ops`, and the per-channel
+arithmetic runs as torch operators: the operators' fake implementations let these functions
+run on ``FakeTensorMode`` and ``meta`` tensors (shapes only) and under
+``torch.compile(fullgraph=True)``, and synchronised layers take this path too. The value
+checks that need data (the ``scale_mode="bn"`` check above) are skipped on tensors without
+values.
 tensors without values.
 """
 import math
@@ -57,14 +59,13 @@ import threading
 import typing
 import weakref
 
-import numpy as np
 import torch
 from torch._subclasses.fake_tensor import is_fake
 from torch.autograd.function import once_differentiable
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import distributed, ops
-from .kernels import backend, codecs, common, host_kernels, per_channel
+from .kernels import backend, codecs, common, per_channel
 
 #: Activations of ``abn``; name -> (kernel code, default parameter).
 ACTIVATIONS = {
@@ -367,32 +368,41 @@ def _empty_like_layout(x, layout):
 # --------------------------------------------------------------------------- per-channel steps
 # The per-channel arithmetic around the kernels (scale and shift, statistics, running averages,
 # the backward's coefficients) is that of :mod:`layers.kernels.per_channel`, run one of two
-# ways: as torch operators on vectors of C values, or, where the CPU kernels run eagerly, as
-# one compiled loop over the channels per step, inside the CPU backend's whole forward or
-# backward step (``layers.kernels.cpu.forward_step``, ``backward_step``). A torch operator on a
-# few dozen values costs 2-4 us (measured on a 2-core AMD EPYC machine); on small tensors the
-# two dozen of them, and the Python between separate kernel calls, cost more than the kernels.
-_HOST_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+# ways: as torch operators on vectors of C values, or, where the kernels run eagerly, inside
+# the backend's whole forward or backward step (``forward_step``, ``backward_step`` of
+# :mod:`layers.kernels.cpu`: one compiled loop over the channels; of :mod:`layers.kernels.cuda`:
+# one kernel launch). A torch operator on a few dozen values costs 2-4 us on a 2-core AMD EPYC
+# CPU and 7 us on an H100's host (both measured); the two dozen of them, and the Python between
+# separate kernel calls, cost more than the kernels on small tensors, and on a GPU at any size.
+#: Dtypes of the per-channel tensors (weight, bias, running statistics) of the whole steps.
+STEP_VECTOR_DTYPES = (torch.float32, torch.float64)
 
 
-def host_steps(x, group=None, flag=None, vectors=()):
-    """Whether a forward or backward on ``x`` runs as one call into the CPU backend (its
-    kernels and its compiled per-channel loops), not through the operators of :mod:`layers.ops`
-    with the per-channel steps as torch operators.
+def whole_steps(x, group=None, vectors=()):
+    """Whether a forward or backward on ``x`` runs as one call into its kernel backend (the
+    kernels and the per-channel arithmetic back to back), not through the operators of
+    :mod:`layers.ops` with the per-channel steps as torch operators.
 
-    It does where ``x`` runs the CPU kernels and calls them directly
-    (:func:`layers.ops.runs_directly`: not fake, not on ``meta``, not under ``torch.compile``
-    or a ``TorchDispatchMode``), no ``group`` is synchronised, no device ``flag`` (``skip``,
-    ``poison``) is set and each of the per-channel ``vectors`` (weight, bias, running
-    statistics) is ``None`` or float32/float64.
+    It does where ``x``'s kernels are called directly (:func:`layers.ops.runs_directly`: not
+    fake, not on ``meta``, not under ``torch.compile`` or a ``TorchDispatchMode``), no
+    ``group`` is synchronised and the per-channel ``vectors`` (weight, bias, running
+    statistics; ``None`` where absent) are of one dtype, float32 or float64.
     """
-    if (flag is not None or not host_kernels(x) or not ops.runs_directly(x)
-            or distributed.active(group)):
+    if not ops.runs_directly(x) or distributed.active(group):
         return False
+    dtype = None
     for vector in vectors:  # a loop, not all() over a generator: called twice per step
-        if vector is not None and vector.dtype not in _HOST_DTYPES:
-            return False
+        if vector is not None:
+            if vector.dtype not in STEP_VECTOR_DTYPES or dtype not in (None, vector.dtype):
+                return False
+            dtype = vector.dtype
     return True
+
+
+def _flags(**flags):
+    """The device flags (``skip``, ``poison``) that are set, as keywords of a backend's whole
+    step: only the CUDA backend takes them (``DEVICE_GUARD``), and only it is ever given one."""
+    return {name: flag for name, flag in flags.items() if flag is not None}
 
 
 def scale_and_shift(weight, bias, channels, eps, scale_mode, like):
@@ -454,15 +464,15 @@ def normalize_activate_into(x, out, weight, bias, running_mean, running_var, tra
     out_view = view if out is x else _view(out, layout)
     channels = x.shape[1]
     count = view.numel() // channels
-    if host_steps(x, group, skip, (weight, bias, running_mean, running_var)):
+    if whole_steps(x, group, (weight, bias, running_mean, running_var)):
         if training:
             _check_count(count, view)
         state = backend(x).forward_step(view, out_view, weight, bias, running_mean,
                                         running_var, training, momentum, eps, act, slope,
-                                        scale_mode == "abs")
+                                        scale_mode == "abs", **_flags(skip=skip))
         ops.count_write(out_view)
         _write_back(out, out_view, layout)
-        return torch.from_numpy(state)
+        return state
     gamma, beta, dgamma_dweight = scale_and_shift(weight, bias, channels, eps, scale_mode, x)
     if not training:
         mean = running_mean.double()
@@ -588,24 +598,23 @@ def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True, poison
     z_view, dz_view = _view(z, layout), _view(dz, layout)
     reuse_dz = dz_owned or not _is_in(dz, layout)  # owned, or a copy made here
     x_view = None if x is None else _view(x, layout)
-    if host_steps(z, spec.group, poison) and spec.param_dtype in _HOST_DTYPES:
+    if whole_steps(z, spec.group) and spec.param_dtype in STEP_VECTOR_DTYPES:
         if input_grad and not reuse_dz:
             dz_view = dz_view.clone()
         dweight, dbias = backend(z).backward_step(
-            z_view, dz_view, x_view, channel.numpy(), spec.act, spec.slope, spec.mode,
-            spec.training, input_grad, _HOST_DTYPES[spec.param_dtype], spec.has_weight,
-            spec.has_bias)
+            z_view, dz_view, x_view, channel, spec.act, spec.slope, spec.mode, spec.training,
+            input_grad, spec.param_dtype, spec.has_weight, spec.has_bias,
+            **_flags(poison=poison))
         # dz_view, when written, is this backward's own (owned, or a copy): no one else can
         # see its version, which is left alone.
         dx = _unview(dz_view, layout, z.shape) if input_grad else None
-        return dx, _optional_tensor(dweight), _optional_tensor(dbias)
+        return dx, dweight, dbias
     compute = codecs.compute_dtype(z.dtype)
     variant_y = spec.mode == common.MODE_Y
     gamma, beta, dgamma_dweight, mean, rstd, _ = channel
-    if spec.mode == common.MODE_XHAT_FROM_X:
-        p, q = rstd, -mean * rstd
-    else:  # v recovered from z; p, q only used by variant I
-        p, q = 1.0 / gamma, -beta / gamma
+    # v recovered from z unless from x; p, q only used by variant I then
+    p, q = per_channel.value_coefficients(gamma, beta, mean, rstd,
+                                          spec.mode == common.MODE_XHAT_FROM_X)
     p, q = p.to(compute), q.to(compute)
     local = ops.backward_reduce(z_view, dz_view, x_view, p, q, spec.act, spec.slope, spec.mode)
     if poison is not None:
@@ -631,11 +640,6 @@ def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True, poison
             dx_view = ops.backward_input(*args)
         dx = _unview(dx_view, layout, z.shape)
     return dx, dweight, dbias
-
-
-def _optional_tensor(array):
-    """A tensor sharing the memory of the numpy ``array`` (``None`` stays ``None``)."""
-    return None if array is None else torch.from_numpy(array)
 
 
 def owned_gradient(grad):

@@ -1,9 +1,9 @@
 """The numba kernels as PyTorch custom operators (``torch.ops.layers.*``).
 
 Every kernel call of :mod:`layers.functional` goes through one of these operators
-(:class:`KernelOperator`), in eager mode as under ``torch.compile``, except where the CPU
-kernels run eagerly: there a layer's forward and backward are one call each into the CPU
-backend (:func:`layers.functional.host_steps`). As operators they have what the numba calls
+(:class:`KernelOperator`), in eager mode as under ``torch.compile``, except where the kernels
+run eagerly on tensors with data: there a layer's forward and backward are one call each into
+the kernel backend (:func:`layers.functional.whole_steps`). As operators they have what the numba calls
 alone lack:
 
 * a *fake* implementation (output shapes, dtypes and devices, no data), so the layers run on

@@ -484,8 +484,6 @@ def test_whole_steps_do_not_depend_on_the_channel_block(dtype, mode, monkeypatch
     the block, so the output, the statistics and every gradient are bitwise the same with
     blocks of one channel, of three (and a remainder) and of all of them, the backward
     reading ``y`` or the stored ``x``. Not marked ``kernels``: it is about ``cpu.py``."""
-    import numpy as np
-
     from layers.kernels import common, cpu
 
     generator = torch.Generator().manual_seed(5)
@@ -504,9 +502,9 @@ def test_whole_steps_do_not_depend_on_the_channel_block(dtype, mode, monkeypatch
                                  common.ACT_LEAKY_RELU, 0.01, True)
         stored = x_in if mode == "x" else None
         dweight, dbias = cpu.backward_step(y, dz, stored, state, common.ACT_LEAKY_RELU, 0.01,
-                                           backward_mode, True, True, np.float32, True, True)
-        results.append([y, dz, running_mean, running_var, torch.from_numpy(state),
-                        torch.from_numpy(dweight), torch.from_numpy(dbias)])
+                                           backward_mode, True, True, torch.float32, True,
+                                           True)
+        results.append([y, dz, running_mean, running_var, state, dweight, dbias])
     names = ("output", "input grad", "running mean", "running var", "state", "weight grad",
              "bias grad")
     for block, other in zip((3, channels), results[1:]):

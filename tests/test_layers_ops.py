@@ -195,7 +195,7 @@ def test_compiled_resnext_block_with_inplace_abn_matches_eager():
 class _PassThrough(torch.utils._python_dispatch.TorchDispatchMode):
     """A dispatch mode that changes nothing: under it the operators run through the
     dispatcher and the per-channel steps as torch operators (:func:`layers.functional
-    .host_steps`), the path taken under fake tensors, ``meta`` and the CUDA kernels."""
+    .whole_steps`), the path taken under fake tensors, ``meta`` and ``torch.compile``."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))

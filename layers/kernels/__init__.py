@@ -13,7 +13,7 @@ Two modules implement one API on the canonical views of :mod:`layers.kernels.com
 Data arrays may hold float64, float32, float16 or bfloat16; per-channel vectors and scalars are
 in the compute dtype (float32 for 16-bit data, see :mod:`layers.kernels.codecs`).
 
-The CPU backend also runs a layer's whole forward and whole backward as one call each::
+Both backends also run a layer's whole forward and whole backward as one call each::
 
     forward_step(x, out, weight, bias, running_mean, running_var, training, momentum, eps,
                  act, slope, abs_mode) -> (6, C) float64 per-channel state
@@ -21,15 +21,16 @@ The CPU backend also runs a layer's whole forward and whole backward as one call
                   has_weight, has_bias) -> (dweight, dbias)   # input gradient over dz
 
 the kernels above and the per-channel arithmetic around them (:mod:`layers.kernels.per_channel`)
-as compiled loops over the channels, back to back, which :mod:`layers.functional` uses where the
-CPU kernels run eagerly; elsewhere the same formulas run as torch operators between calls of
-the kernels above. The CPU kernels take their per-channel vectors as torch tensors or as numpy
-arrays (the rows those loops write).
+back to back: compiled loops over the channels on the CPU, kernels of one thread per channel on
+CUDA. :mod:`layers.functional` uses them where the kernels run eagerly; elsewhere the same
+formulas run as torch operators between calls of the kernels above. The CPU kernels take
+their per-channel vectors as torch tensors or as numpy arrays (the rows those loops write).
 
-The CUDA backend's ``forward`` and ``moments_forward`` also take ``skip``, a ``(1,)`` bool
-tensor on the device: while it holds ``True`` they write nothing (``DEVICE_GUARD``), which lets
-:mod:`layers.functional` refuse an in-place forward on the device without a host
-synchronisation.
+The CUDA backend's ``forward``, ``moments_forward`` and ``forward_step`` also take ``skip``, a
+``(1,)`` bool tensor on the device: while it holds ``True`` they write nothing
+(``DEVICE_GUARD``), which lets :mod:`layers.functional` refuse an in-place forward on the device
+without a host synchronisation; its ``backward_step`` takes ``poison``, a flag of the same kind
+that makes every gradient NaN.
 
 CUDA tensors always run the CUDA kernels. CPU tensors run the CPU kernels, unless the
 environment variable ``LAYERS_KERNELS=cudasim`` is set when :mod:`layers` is imported: then they
@@ -51,11 +52,6 @@ if _cpu_choice not in CPU_CHOICES:
 if _cpu_choice == "cudasim":
     # numba reads this when numba.cuda is first imported, so it is set before anything is.
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
-
-
-def host_kernels(tensor):
-    """Whether ``tensor`` runs the CPU kernels (``numba.njit``, on host memory)."""
-    return tensor.device.type == "cpu" and _cpu_choice == "cpu"
 
 
 def backend(tensor):

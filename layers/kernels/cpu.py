@@ -845,6 +845,7 @@ _scale_derivative = _jit_scalar(per_channel.scale_derivative)
 _batch_rstd = _jit_scalar(per_channel.batch_rstd)
 _running_average = _jit_scalar(per_channel.running_average)
 _unbiased_variance = _jit_scalar(per_channel.unbiased_variance)
+_value_coefficients = _jit_scalar(per_channel.value_coefficients)
 _scale_gradient = _jit_scalar(per_channel.scale_gradient)
 _input_gradient_coefficients = _jit_scalar(per_channel.input_gradient_coefficients)
 
@@ -890,10 +891,8 @@ def _channel_value_coefficients(state, from_x, pq):
     """``pq`` = ``[p, q]`` of the backward's value ``v`` (:mod:`.common`): from the stored input
     (``from_x``) or from ``y``."""
     for j in range(state.shape[1]):
-        if from_x:  # v = x_hat = x * rstd - mean * rstd
-            pq[0, j], pq[1, j] = state[4, j], -state[3, j] * state[4, j]
-        else:  # v = x_hat = y / gamma - beta / gamma (used by variant I only)
-            pq[0, j], pq[1, j] = 1.0 / state[0, j], -state[1, j] / state[0, j]
+        pq[0, j], pq[1, j] = _value_coefficients(state[0, j], state[1, j], state[3, j],
+                                                 state[4, j], from_x)
 
 
 @_serial
@@ -990,8 +989,9 @@ def forward_step(x, out, weight, bias, running_mean, running_var, training, mome
     if given, updated as ``nn.BatchNorm2d`` does), else the running ones.
 
     Returns the (6, C) float64 per-channel state (rows ``gamma, beta, dgamma_dweight, mean,
-    rstd, count``). ``weight``, ``bias``, ``running_mean``, ``running_var``: float32 or float64
-    tensors, or ``None``; ``abs_mode``: the scale is ``|weight| + eps``, else ``weight``.
+    rstd, count``), a tensor. ``weight``, ``bias``, ``running_mean``, ``running_var``: float32
+    or float64 tensors, or ``None``; ``abs_mode``: the scale is ``|weight| + eps``, else
+    ``weight``.
     """
     channels = x.shape[1]
     count = x.numel() // channels
@@ -1004,7 +1004,7 @@ def forward_step(x, out, weight, bias, running_mean, running_var, training, mome
         _forward_step_ncs_inplace[act](xa, *vectors, float(eps), float(momentum),
                                        bool(abs_mode), _scalar(slope, xa), state,
                                        _channel_block(x, 1, threads))
-        return state
+        return torch.from_numpy(state)
     weight, bias, running_mean, running_var = vectors
     _channel_scale(weight, bias, float(eps), bool(abs_mode), state)
     if training:
@@ -1016,7 +1016,7 @@ def forward_step(x, out, weight, bias, running_mean, running_var, training, mome
         ab = compute_empty((2, channels), _np(x))
         ab[0], ab[1] = per_channel.scale_shift(state[0], state[1], state[3], state[4])
         forward(x, out, ab[0], ab[1], act, slope)
-    return state
+    return torch.from_numpy(state)
 
 
 def backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param_dtype,
@@ -1024,10 +1024,27 @@ def backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param
     """The backward of BN + activation on canonical views, given the forward's ``state``.
 
     Writes the input gradient over ``dz`` if ``input_grad``; returns ``(dweight, dbias)``,
-    arrays of the numpy ``param_dtype`` (``None`` where ``has_weight`` / ``has_bias`` is
-    false). ``x`` is only read in ``MODE_XHAT_FROM_X`` (``None`` otherwise: ``v`` is recovered
-    from ``z``); ``training``: whether the forward used batch statistics.
+    tensors of ``param_dtype`` (float32 or float64; ``None`` where ``has_weight`` /
+    ``has_bias`` is false). ``x`` is only read in ``MODE_XHAT_FROM_X`` (``None`` otherwise:
+    ``v`` is recovered from ``z``); ``training``: whether the forward used batch statistics.
     """
+    dweight, dbias = _backward_step(z, dz, x, _np(state), act, slope, mode, training,
+                                    input_grad, _NUMPY_DTYPES[param_dtype], has_weight, has_bias)
+    return _optional_tensor(dweight), _optional_tensor(dbias)
+
+
+#: numpy dtypes of the parameter gradients of :func:`backward_step`.
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+def _optional_tensor(array):
+    """A tensor sharing the memory of the numpy ``array`` (``None`` stays ``None``)."""
+    return None if array is None else torch.from_numpy(array)
+
+
+def _backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param_dtype,
+                   has_weight, has_bias):
+    """:func:`backward_step` with the numpy ``state`` and ``param_dtype``, returning arrays."""
     channels = z.shape[1]
     za, dza = _np(z), _np(dz)
     xa = za if x is None else _np(x)

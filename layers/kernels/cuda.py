@@ -50,13 +50,26 @@ Kernels are compiled lazily, once per signature, and cached on disk; importing t
 compiles nothing and needs no GPU. The cache is keyed on this file and on ``common.py``
 (:mod:`layers.kernels.caching`), so editing either recompiles on the next use.
 
-On real CUDA tensors the arrays are zero-copy views (``numba.cuda.as_cuda_array``) and every launch
-runs in the context of the tensors' device on torch's current stream there, so it is ordered with
-the surrounding torch work without any synchronisation. The ``(C,)`` and ``(3, C)`` parameter
-tensors must be contiguous too (another layout would compile another specialisation, one that
-``KERNELS`` does not list). Under the simulator the arrays are the tensors' ``numpy()`` views and
-the default stream is used (the simulator copies each array in and writes it back in argument
+On real CUDA tensors every launch runs on torch's current stream of the tensors' device, so it
+is ordered with the surrounding torch work without any synchronisation. The first launch of
+each signature goes through numba (zero-copy arrays from ``numba.cuda.as_cuda_array``, in the
+context of the tensors' device); later ones go straight to the driver with the tensors'
+pointers, shapes and strides (:mod:`layers.kernels.cuda_launch`), a few microseconds instead
+of tens. The ``(C,)`` and ``(3, C)`` parameter tensors must be contiguous too (another layout
+would compile another specialisation, one that ``KERNELS`` does not list, launched through
+numba every time). Under the simulator the arrays are the tensors' ``numpy()`` views and the
+default stream is used (the simulator copies each array in and writes it back in argument
 order, so an ``out`` that aliases an earlier argument still ends up holding the result).
+
+Whole steps
+-----------
+``forward_step`` and ``backward_step`` run a layer's forward and backward with the per-channel
+arithmetic of :mod:`layers.kernels.per_channel` in kernels of one thread per channel
+(``_channel_state``, ``_channel_values``, ``_channel_gradients``, which also sum the
+reductions' partials): a training forward is 3 launches (moments, per-channel state,
+normalise + activate), a backward 3 (variant II) or 4, and no torch operator runs in between.
+Through the operators of :mod:`layers.ops` the same step took about 70 torch operators on
+vectors of ``C`` values, each several microseconds of host time (measured on an H100 host).
 
 Run ``python -m layers.kernels.cuda --ptx 7.5 8.0 9.0`` to compile every kernel in ``KERNELS`` to
 PTX for these compute capabilities (no GPU needed).
@@ -71,12 +84,12 @@ import numpy as np
 import torch
 from numba import cuda
 
-from . import caching, codecs, common
-from .common import MODE_XHAT_FROM_X, MODE_XHAT_FROM_Y
+from . import caching, codecs, common, cuda_launch, per_channel
+from .common import MODE_XHAT_FROM_X, MODE_XHAT_FROM_Y, MODE_Y
 from .compose import compose_moments_forward
 
 #: Source files besides this one whose code the kernels compile (keys of the disk cache).
-DEPENDENCIES = (common.__file__, codecs.__file__)
+DEPENDENCIES = (common.__file__, codecs.__file__, per_channel.__file__)
 
 #: Whether numba.cuda is the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1`` before its import).
 SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
@@ -99,6 +112,15 @@ _device = cuda.jit(device=True, inline="always")
 _act_forward = _device(common.act_forward)
 _act_inverse = _device(common.act_inverse)
 _act_grad = _device(common.act_grad)
+_scale = _device(per_channel.scale)
+_scale_derivative = _device(per_channel.scale_derivative)
+_scale_shift = _device(per_channel.scale_shift)
+_batch_rstd = _device(per_channel.batch_rstd)
+_running_average = _device(per_channel.running_average)
+_unbiased_variance = _device(per_channel.unbiased_variance)
+_value_coefficients = _device(per_channel.value_coefficients)
+_scale_gradient = _device(per_channel.scale_gradient)
+_input_gradient_coefficients = _device(per_channel.input_gradient_coefficients)
 
 
 # --------------------------------------------------------------------------------------------
@@ -182,6 +204,13 @@ def _sum_chunks(partials, c):
         s1 += partials[0, g, c]
         s2 += partials[1, g, c]
     return s1, s2
+
+
+@_device
+def _moments_of(partials, k, count, c):
+    """``(mean, M2)`` of channel ``c`` from its partials of the values shifted by ``k``."""
+    s1, s2 = _sum_chunks(partials, c)
+    return k + s1 / count, max(s2 - s1 * (s1 / count), 0.0)  # M2 >= 0 up to rounding
 
 
 # --------------------------------------------------------------------------------------------
@@ -342,9 +371,7 @@ def _finish_moments(partials, count, out):
     """``out[0] = k + sum(x - k) / count`` (``out[0]`` holds ``k``), ``out[1] = M2``."""
     c = cuda.grid(1)
     if c < out.shape[1]:
-        s1, s2 = _sum_chunks(partials, c)
-        out[0, c] += s1 / count
-        out[1, c] = max(s2 - s1 * (s1 / count), 0.0)  # >= 0 up to rounding
+        out[0, c], out[1, c] = _moments_of(partials, out[0, c], count, c)
 
 
 def _finish_sums(partials, out):
@@ -354,6 +381,86 @@ def _finish_sums(partials, out):
         s1, s2 = _sum_chunks(partials, c)
         out[0, c] = s1
         out[1, c] = s2
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels: the per-channel arithmetic of the whole steps (:mod:`.per_channel`), one thread per
+# channel. ``vectors`` holds which of the optional per-channel tensors were given (bits
+# ``_WEIGHT``, ``_BIAS``, ``_RUNNING``); an absent one is a placeholder never read.
+
+_WEIGHT, _BIAS, _RUNNING = 1, 2, 4
+_INPUT_GRAD = 8  # bit of ``_channel_gradients``'s ``outputs`` (``_WEIGHT``, ``_BIAS`` as above)
+
+
+def _channel_state(partials, moments, training, count, eps, momentum, abs_mode, weight, bias,
+                   running_mean, running_var, vectors, skip, state, ab):
+    """Rows ``gamma, beta, dgamma_dweight, mean, rstd, count`` of ``state`` and the forward's
+    ``ab = [a, b]`` (``act(x * a + b)``), from the batch's statistics (``training``: the
+    partials of :func:`_moments_3d` / ``_2d``, ``k`` parked in ``moments[0]``) or the running
+    ones; in training the running statistics, if given, are updated as ``nn.BatchNorm2d`` does,
+    unless ``skip[0]`` is set."""
+    c = cuda.grid(1)
+    if c >= state.shape[1]:
+        return
+    gamma, dgamma_dweight = 1.0, 0.0
+    if vectors & _WEIGHT:
+        gamma = _scale(float(weight[c]), eps, abs_mode)
+        dgamma_dweight = _scale_derivative(float(weight[c]), abs_mode)
+    beta = float(bias[c]) if vectors & _BIAS else 0.0
+    if training:
+        mean, m2 = _moments_of(partials, moments[0, c], count, c)
+        rstd = _batch_rstd(m2, count, eps)
+        if vectors & _RUNNING and skip[0] == 0:
+            running_mean[c] = _running_average(float(running_mean[c]), mean, momentum)
+            running_var[c] = _running_average(float(running_var[c]),
+                                              _unbiased_variance(m2, count), momentum)
+    else:
+        mean = float(running_mean[c])
+        rstd = _batch_rstd(float(running_var[c]), 1.0, eps)
+    state[0, c] = gamma
+    state[1, c] = beta
+    state[2, c] = dgamma_dweight
+    state[3, c] = mean
+    state[4, c] = rstd
+    state[5, c] = count
+    ab[0, c], ab[1, c] = _scale_shift(gamma, beta, mean, rstd)
+
+
+def _channel_values(state, from_x, pq):
+    """``pq = [p, q]`` of the backward's value ``v`` (:mod:`.common`) from ``state``."""
+    c = cuda.grid(1)
+    if c < state.shape[1]:
+        pq[0, c], pq[1, c] = _value_coefficients(state[0, c], state[1, c], state[3, c],
+                                                 state[4, c], from_x)
+
+
+def _channel_gradients(partials, state, training, variant_y, poison, outputs, coef, dweight,
+                       dbias):
+    """The backward's per-channel results from the partials of :func:`_grad_sums_3d` /
+    ``_2d``: ``coef`` (``k0, k1, k2`` of the input gradient), ``dweight`` and ``dbias``, each
+    written where its bit of ``outputs`` is set; all NaN where ``poison[0]`` is set."""
+    c = cuda.grid(1)
+    if c >= state.shape[1]:
+        return
+    sum_dy, sum_dy_v = _sum_chunks(partials, c)
+    if poison[0] != 0:
+        sum_dy, sum_dy_v = math.nan, math.nan
+    gamma, beta, rstd, count = state[0, c], state[1, c], state[4, c], state[5, c]
+    if outputs & _INPUT_GRAD:
+        if training:
+            k0, k1, k2 = _input_gradient_coefficients(gamma, beta, rstd, count, sum_dy,
+                                                      sum_dy_v, variant_y)
+        else:  # running statistics do not depend on x
+            k0, k1, k2 = gamma * rstd, 0.0, 0.0
+        if poison[0] != 0:
+            k0, k1, k2 = math.nan, math.nan, math.nan
+        coef[0, c] = k0
+        coef[1, c] = k1
+        coef[2, c] = k2
+    if outputs & _WEIGHT:
+        dweight[c] = _scale_gradient(gamma, beta, sum_dy, sum_dy_v, variant_y) * state[2, c]
+    if outputs & _BIAS:
+        dbias[c] = sum_dy
 
 
 # --------------------------------------------------------------------------------------------
@@ -383,6 +490,21 @@ _MOMENTS = "{a}, int64, float64[:, ::1], float64[:, :, ::1]"
 _GRAD_SUMS = "{a}, {a}, {a}, {v}, {v}, int64, {t}, {t}, int64, int64, float64[:, :, ::1]"
 _FORWARD = "{a}, {a}, {v}, {v}, int64, {t}, int64, uint8[::1]"
 _GRAD_INPUT = "{a}, {a}, {a}, {v}, {v}, {m}, int64, {t}, {t}, int64, int64, {a}"
+#: Per-channel kernels: ``{w}`` the dtype of the layer's per-channel tensors, ``{t}`` the
+#: compute dtype.
+_CHANNEL_STATE = ("float64[:, :, ::1], float64[:, ::1], int64, float64, float64, float64, "
+                  "int64, {w}[::1], {w}[::1], {w}[::1], {w}[::1], int64, uint8[::1], "
+                  "float64[:, ::1], {t}[:, ::1]")
+_CHANNEL_VALUES = "float64[:, ::1], int64, {t}[:, ::1]"
+_CHANNEL_GRADIENTS = ("float64[:, :, ::1], float64[:, ::1], int64, int64, uint8[::1], int64, "
+                      "{t}[:, ::1], {w}[::1], {w}[::1]")
+
+
+def _channel_signatures(args):
+    """``void(...)`` signatures of a per-channel kernel for each parameter dtype (float32,
+    float64; ``{w}``) and compute dtype (``{t}``)."""
+    return tuple(f"void({args.format(w=w, t=t)})" for w in ("float32", "float64")
+                 for t in ("float32", "float64"))
 
 #: ``(python kernel, signatures)`` of every kernel, the signatures being those launched.
 KERNELS = (
@@ -396,6 +518,9 @@ KERNELS = (
     (_grad_input_2d, _signatures(_GRAD_INPUT, 2)),
     (_finish_moments, ("void(float64[:, :, ::1], float64, float64[:, ::1])",)),
     (_finish_sums, ("void(float64[:, :, ::1], float64[:, ::1])",)),
+    (_channel_state, _channel_signatures(_CHANNEL_STATE)),
+    (_channel_values, tuple(dict.fromkeys(_channel_signatures(_CHANNEL_VALUES)))),
+    (_channel_gradients, _channel_signatures(_CHANNEL_GRADIENTS)),
 )
 
 _LAUNCHERS = {fn: caching.jit(cuda.jit, DEPENDENCIES)(fn) for fn, _ in KERNELS}
@@ -440,14 +565,22 @@ def _array(t):
 
 
 def _launch(kernel, grid, block, device, *args):
-    """Launches ``kernel`` on torch's current stream of ``device``; tensors become arrays."""
-    args = [_array(a) if isinstance(a, torch.Tensor) else a for a in args]
+    """Launches ``kernel`` on torch's current stream of ``device`` (:mod:`.cuda_launch` once
+    numba has launched the signature; tensors become numba arrays on numba's path)."""
+    dispatcher = _LAUNCHERS[kernel]
+    if not SIMULATOR and _FAST.launch(dispatcher, grid, block, device.index, args):
+        return
+    arrays = [_array(a) if isinstance(a, torch.Tensor) else a for a in args]
     if SIMULATOR:
-        _LAUNCHERS[kernel][grid, block](*args)
+        dispatcher[grid, block](*arrays)
         return
     with cuda.gpus[device.index]:
         stream = _external_stream(torch.cuda.current_stream(device).cuda_stream)
-        _LAUNCHERS[kernel][grid, block, stream](*args)
+        dispatcher[grid, block, stream](*arrays)
+    _FAST.register(dispatcher, device.index, args, arrays)
+
+
+_FAST = cuda_launch.FastLauncher()
 
 
 def _scalar(t, value):
@@ -534,6 +667,119 @@ def backward_input(z, dz, x, p, q, coef, act, slope, mode, out):
     kernel = _grad_input_3d if z.dim() == 3 else _grad_input_2d
     args = (z, dz, x, p, q, coef, int(act), _scalar(z, slope), _floor(z), int(mode), span, out)
     _launch(kernel, grid, block, z.device, *args)
+
+
+# --------------------------------------------------------------------------------------------
+# Whole steps: a layer's forward in 2 or 3 launches and its backward in 3 or 4, the per-channel
+# arithmetic in kernels of its own, no torch operator in between (as ``cpu.forward_step`` and
+# ``cpu.backward_step``, whose API these share, plus the device flags ``skip`` and ``poison``)
+
+
+def _vector_dtype(*vectors):
+    """The dtype of the given per-channel tensors (all of one dtype; float32 if none)."""
+    for vector in vectors:
+        if vector is not None:
+            return vector.dtype
+    return torch.float32
+
+
+@functools.lru_cache(maxsize=None)
+def _placeholder(device, dtype, dim=1):
+    """A ``(1,)`` (or ``(1, 1)``) tensor passed for an absent per-channel argument, never
+    read or written."""
+    return torch.zeros((1,) * dim, dtype=dtype, device=device)
+
+
+def _vectors_present(weight, bias, running_mean):
+    return ((_WEIGHT if weight is not None else 0) | (_BIAS if bias is not None else 0)
+            | (_RUNNING if running_mean is not None else 0))
+
+
+def _flag(flag, device):
+    """A ``(1,)`` bool device flag as the kernels take it (``None``: never set)."""
+    return _never(device) if flag is None else flag.view(torch.uint8)
+
+
+def forward_step(x, out, weight, bias, running_mean, running_var, training, momentum, eps, act,
+                 slope, abs_mode, skip=None):
+    """The forward of BN + activation on canonical views: ``out = act(gamma * x_hat + beta)``
+    (``out`` may be ``x``), with the batch statistics in ``training`` (the running statistics,
+    if given, updated as ``nn.BatchNorm2d`` does), else the running ones.
+
+    Returns the (6, C) float64 per-channel state (rows ``gamma, beta, dgamma_dweight, mean,
+    rstd, count``) on the device. ``weight``, ``bias``, ``running_mean``, ``running_var``:
+    ``None`` or tensors of one dtype, float32 or float64; ``abs_mode``: the scale is
+    ``|weight| + eps``, else ``weight``. ``skip``: as in :func:`forward`; where set, neither
+    ``out`` nor the running statistics are written. Training needs more than one value per
+    channel (the caller checks).
+    """
+    channels, device = x.shape[1], x.device
+    count = x.numel() // channels
+    dtype = _vector_dtype(weight, bias, running_mean, running_var)
+    state = torch.empty(6, channels, dtype=torch.float64, device=device)
+    ab = torch.empty(2, channels, dtype=codecs.compute_dtype(x.dtype), device=device)
+    if training:
+        grid, block, span, moments, partials = _reduction_setup(x)
+        kernel = _moments_3d if x.dim() == 3 else _moments_2d
+        _launch(kernel, grid, block, device, x, span, moments, partials)
+    else:
+        moments = _placeholder(device, torch.float64, 2)
+        partials = _placeholder(device, torch.float64, 3)
+    placeholder = _placeholder(device, dtype)
+    vectors = [placeholder if v is None else v
+               for v in (weight, bias, running_mean, running_var)]
+    skip = _flag(skip, device)
+    _launch(_channel_state, *_finish_grid(channels), device, partials, moments, int(training),
+            float(count), float(eps), float(momentum), int(abs_mode), *vectors,
+            _vectors_present(weight, bias, running_mean), skip, state, ab)
+    if count:
+        grid, block, span = _geometry(tuple(x.shape))
+        kernel = _forward_3d if x.dim() == 3 else _forward_2d
+        _launch(kernel, grid, block, device, x, out, ab[0], ab[1], int(act), _scalar(x, slope),
+                span, skip)
+    return state
+
+
+def backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param_dtype,
+                  has_weight, has_bias, poison=None):
+    """The backward of BN + activation on canonical views, given the forward's ``state``.
+
+    Writes the input gradient over ``dz`` if ``input_grad``; returns ``(dweight, dbias)``,
+    tensors of ``param_dtype`` (float32 or float64; ``None`` where ``has_weight`` /
+    ``has_bias`` is false). ``x`` is only read in ``MODE_XHAT_FROM_X`` (``None`` otherwise:
+    ``v`` is recovered from ``z``); ``training``: whether the forward used batch statistics;
+    ``poison``: ``None`` or a ``(1,)`` bool device flag, where set every gradient is NaN.
+    """
+    channels, device = z.shape[1], z.device
+    compute = codecs.compute_dtype(z.dtype)
+    x = z if x is None else x
+    pq = torch.empty(2, channels, dtype=compute, device=device)
+    if mode != MODE_Y:  # variant II reads neither p nor q
+        _launch(_channel_values, *_finish_grid(channels), device, state,
+                int(mode == MODE_XHAT_FROM_X), pq)
+    floor = _floor(z)
+    if z.numel():
+        grid, block, span = _geometry(tuple(z.shape))
+        partials = torch.empty(2, grid[1], channels, dtype=torch.float64, device=device)
+        kernel = _grad_sums_3d if z.dim() == 3 else _grad_sums_2d
+        _launch(kernel, grid, block, device, z, dz, x, pq[0], pq[1], int(act),
+                _scalar(z, slope), floor, int(mode), span, partials)
+    else:
+        partials = torch.empty(2, 0, channels, dtype=torch.float64, device=device)
+    placeholder = _placeholder(device, param_dtype)
+    coef = (torch.empty(3, channels, dtype=compute, device=device) if input_grad
+            else _placeholder(device, compute, 2))
+    dweight = torch.empty(channels, dtype=param_dtype, device=device) if has_weight else None
+    dbias = torch.empty(channels, dtype=param_dtype, device=device) if has_bias else None
+    outputs = ((_INPUT_GRAD if input_grad else 0) | (_WEIGHT if has_weight else 0)
+               | (_BIAS if has_bias else 0))
+    _launch(_channel_gradients, *_finish_grid(channels), device, partials, state,
+            int(training), int(mode == MODE_Y), _flag(poison, device), outputs, coef,
+            placeholder if dweight is None else dweight, placeholder if dbias is None else dbias)
+    if input_grad and z.numel():
+        _launch(_grad_input_3d if z.dim() == 3 else _grad_input_2d, grid, block, device, z, dz,
+                x, pq[0], pq[1], coef, int(act), _scalar(z, slope), floor, int(mode), span, dz)
+    return dweight, dbias
 
 
 # --------------------------------------------------------------------------------------------

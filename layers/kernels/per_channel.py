@@ -34,6 +34,15 @@ def scale_shift(gamma, beta, mean, rstd):
     return a, beta - mean * a
 
 
+def value_coefficients(gamma, beta, mean, rstd, from_x):
+    """``(p, q)`` of the backward's value ``v = u * p + q`` (:mod:`.common`): ``x_hat`` from the
+    stored input ``u = x`` (``from_x``: ``p = rstd``, ``q = -mean * rstd``), else from
+    ``u = y`` (``p = 1 / gamma``, ``q = -beta / gamma``; used by InPlace-ABN I only)."""
+    if from_x:
+        return rstd, -mean * rstd
+    return 1.0 / gamma, -beta / gamma
+
+
 def batch_rstd(m2, count, eps):
     """``1 / sqrt(var + eps)`` of the biased batch variance ``m2 / count``."""
     return 1.0 / (m2 / count + eps) ** 0.5
