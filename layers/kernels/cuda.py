@@ -78,6 +78,7 @@ import argparse
 import functools
 import math
 import sys
+import threading
 
 import numba
 import numpy as np
@@ -95,6 +96,43 @@ DEPENDENCIES = (common.__file__, codecs.__file__, per_channel.__file__)
 SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
 #: Element reads and writes: 16-bit data converts to float32 in registers (:mod:`.codecs`).
 load, store = codecs.compiled_for_cuda()
+
+
+def _serialise_simulated_shared_arrays():
+    """Make numba's CUDA simulator allocate a block's shared arrays under a lock.
+
+    The simulator runs a block's threads as Python threads, and the first thread to call
+    ``cuda.shared.array`` at a line allocates the block's array for that line
+    (``FakeCUDAShared.array``: look up, then store, unlocked). Two threads that get there at
+    once each allocate an uninitialised array of their own, and :func:`_block_sums` then adds up
+    memory no thread wrote (seen once, in a CI run under load: a channel mean of 1e276). This
+    replaces the method by the same look-up and store under one lock.
+    """
+    import traceback
+
+    from numba.cuda.np import numpy_support
+    from numba.cuda.simulator import kernelapi
+
+    lock = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:  # dynamic shared memory, or refused: as numba
+            return original(self, shape, dtype, alignment)
+        caller = traceback.extract_stack(sys._getframe())[-2][0:2]  # the kernel's line
+        with lock:
+            allocated = self._allocations.get(caller)
+            if allocated is None:
+                if isinstance(dtype, kernelapi.types.Type):
+                    dtype = numpy_support.as_dtype(dtype)
+                allocated = self._allocations[caller] = np.empty(shape, dtype)
+        return allocated
+
+    original = kernelapi.FakeCUDAShared.array
+    kernelapi.FakeCUDAShared.array = array
+
+
+if SIMULATOR:
+    _serialise_simulated_shared_arrays()
 
 #: ``forward`` and ``moments_forward`` take ``skip``, a device-side flag that makes them write
 #: nothing: :mod:`layers.functional` checks an in-place ``scale_mode="bn"`` layer's weight on
