@@ -38,3 +38,35 @@ def test_unknown_kernel_choice_is_refused():
     run = subprocess.run([sys.executable, "-c", "import layers"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode != 0 and "LAYERS_KERNELS='gpu'" in run.stderr
+
+
+def test_a_training_step_is_three_launches_each_way_under_simulator():
+    """The CUDA backend's whole steps (``cuda.forward_step``, ``cuda.backward_step``): an
+    InPlace-ABN II training forward launches the moments, per-channel state and normalise +
+    activate kernels, its backward the reductions, per-channel gradients and input gradient
+    kernels, and no kernel runs through the operators of ``layers.ops`` in between. Variant I
+    adds the kernel of the backward's ``p, q``."""
+    code = """
+import torch, layers
+from layers import ops
+from layers.kernels import cuda
+launched = []
+launch = cuda._launch
+cuda._launch = lambda kernel, *args: (launched.append(kernel.__name__), launch(kernel, *args))
+for name in ("moments", "backward_reduce", "backward_input", "scale_shift_act_"):
+    setattr(ops, name, None)  # any call through the operators would fail
+for variant in ("II", "I"):
+    launched.clear()
+    layer = layers.InPlaceABN(3, variant=variant)
+    x = torch.randn(2, 3, 4, 4, requires_grad=True)
+    layer(x * 1.0).backward(torch.ones(2, 3, 4, 4))
+    print(variant, " ".join(launched))
+"""
+    env = {**os.environ, "LAYERS_KERNELS": "cudasim"}
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-5000:]
+    forward = "_moments_3d _channel_state _forward_3d"
+    assert run.stdout.splitlines() == [
+        f"II {forward} _grad_sums_3d _channel_gradients _grad_input_3d",
+        f"I {forward} _channel_values _grad_sums_3d _channel_gradients _grad_input_3d"]

@@ -267,3 +267,39 @@ def test_whole_steps_equal_the_operators_and_torch_per_channel_steps(cls, varian
                             copy_.running_mean, copy_.running_var])
         for compiled, operators in zip(*results):
             torch.testing.assert_close(compiled, operators)
+
+
+def test_whole_steps_take_per_channel_tensors_of_one_float32_or_float64_dtype():
+    """The backends' whole steps read the weight, bias and running statistics as one dtype
+    (the CUDA kernels are compiled per parameter dtype); anything else, and a synchronised or
+    traced call, runs through the operators."""
+    from layers.functional import whole_steps
+
+    x = torch.zeros(2, 3, 4)
+    f32, f64 = torch.zeros(3), torch.zeros(3, dtype=torch.float64)
+    assert whole_steps(x, None, (f32, f32, None, None))
+    assert whole_steps(x, None, (None, None, f64, f64))
+    assert not whole_steps(x, None, (f64, f64, f32, f32))
+    assert not whole_steps(x, None, (f32.half(), None, None, None))
+    assert not whole_steps(torch.zeros(2, 3, 4, device="meta"), None, (f32, f32, None, None))
+    with _PassThrough():
+        assert not whole_steps(x, None, (f32, f32, None, None))
+
+
+def test_mixed_parameter_dtypes_give_the_same_step_as_one_dtype():
+    """A layer whose running statistics are float32 and weight float64 (operators path) gives
+    what the same layer in float64 throughout gives (whole-step path)."""
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 3, 5, 5, generator=generator, dtype=torch.float64)
+    grad = torch.randn(4, 3, 5, 5, generator=generator, dtype=torch.float64)
+    results = []
+    for running_dtype in (torch.float64, torch.float32):
+        layer = InPlaceABN(3, dtype=torch.float64)
+        layer.running_mean = layer.running_mean.to(running_dtype)
+        layer.running_var = layer.running_var.to(running_dtype)
+        base = x.clone().requires_grad_(True)
+        layer(base * 1.0).backward(grad)
+        results.append([base.grad, layer.weight.grad, layer.bias.grad,
+                        layer.running_mean.double(), layer.running_var.double()])
+    for mixed, uniform in zip(results[1], results[0]):
+        torch.testing.assert_close(mixed, uniform, rtol=1e-6, atol=1e-7)
