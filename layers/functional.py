@@ -45,14 +45,13 @@ Two paths run the same kernels (:func:`whole_steps` picks one). Where the kernel
 on tensors with data, the forward and the backward are one call each into the kernel backend
 (``forward_step``, ``backward_step``): the kernels and the per-channel arithmetic of
 :mod:`layers.kernels.per_channel` back to back, as compiled loops on the CPU and as kernels
-of their own on CUDA (2 to 4 launches a step, no torch operator in between). Everywhere else
+of their own on CUDA (2 to 4 launches each, no torch operator in between). Everywhere else
 every kernel call goes through the custom operators of :mod:`layers.ops`, and the per-channel
 arithmetic runs as torch operators: the operators' fake implementations let these functions
 run on ``FakeTensorMode`` and ``meta`` tensors (shapes only) and under
 ``torch.compile(fullgraph=True)``, and synchronised layers take this path too. The value
 checks that need data (the ``scale_mode="bn"`` check above) are skipped on tensors without
 values.
-tensors without values.
 """
 import math
 import threading

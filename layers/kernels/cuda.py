@@ -134,9 +134,9 @@ def _serialise_simulated_shared_arrays():
 if SIMULATOR:
     _serialise_simulated_shared_arrays()
 
-#: ``forward`` and ``moments_forward`` take ``skip``, a device-side flag that makes them write
-#: nothing: :mod:`layers.functional` checks an in-place ``scale_mode="bn"`` layer's weight on
-#: the device with it, with no host synchronisation, on this backend.
+#: ``forward``, ``moments_forward`` and ``forward_step`` take ``skip``, a device-side flag that
+#: makes them write nothing: :mod:`layers.functional` checks an in-place ``scale_mode="bn"``
+#: layer's weight on the device with it, with no host synchronisation, on this backend.
 DEVICE_GUARD = True
 
 _THREADS = 256  # threads per block of the main kernels
