@@ -3,8 +3,8 @@
 Every kernel call of :mod:`layers.functional` goes through one of these operators
 (:class:`KernelOperator`), in eager mode as under ``torch.compile``, except where the kernels
 run eagerly on tensors with data: there a layer's forward and backward are one call each into
-the kernel backend (:func:`layers.functional.whole_steps`). As operators they have what the numba calls
-alone lack:
+the kernel backend (:func:`layers.functional.whole_steps`). As operators they have what the
+numba calls alone lack:
 
 * a *fake* implementation (output shapes, dtypes and devices, no data), so the layers run on
   ``FakeTensorMode`` tensors and on the ``meta`` device: the simulated-memory measurements of

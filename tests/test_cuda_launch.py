@@ -60,10 +60,12 @@ def test_scalars_and_unsupported_types():
 
 def test_argument_key_tells_contiguous_from_strided_tensors():
     """A strided tensor selects another overload than a contiguous one of its dtype and rank
-    (numba types it as a non-contiguous array), so it never takes the contiguous one's packers."""
+    (numba types it as a non-contiguous array), so it never takes the contiguous one's
+    packers; an int and a float scalar select different overloads too."""
+    key = cuda_launch._argument_key
     t = torch.zeros(4, 6)
-    assert cuda_launch._argument_key((t, 1, 0.5)) != cuda_launch._argument_key((t[:, ::2], 1, 0.5))
-    assert cuda_launch._argument_key((t, 1)) != cuda_launch._argument_key((t, 1.0))
+    assert key((t, 1, 0.5)) != key((t[:, ::2], 1, 0.5))
+    assert key((t, 1)) != key((t, 1.0))
 
 
 def test_an_unregistered_launch_is_left_to_numba():

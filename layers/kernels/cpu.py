@@ -1029,7 +1029,8 @@ def backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param
     ``v`` is recovered from ``z``); ``training``: whether the forward used batch statistics.
     """
     dweight, dbias = _backward_step(z, dz, x, _np(state), act, slope, mode, training,
-                                    input_grad, _NUMPY_DTYPES[param_dtype], has_weight, has_bias)
+                                    input_grad, _NUMPY_DTYPES[param_dtype], has_weight,
+                                    has_bias)
     return _optional_tensor(dweight), _optional_tensor(dbias)
 
 

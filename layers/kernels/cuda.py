@@ -674,14 +674,19 @@ def forward(x, out, a, b, act, slope, skip=None):
         return
     grid, block, span = _geometry(tuple(x.shape))
     kernel = _forward_3d if x.dim() == 3 else _forward_2d
-    skip = _never(x.device) if skip is None else skip.view(torch.uint8)
-    _launch(kernel, grid, block, x.device, x, out, a, b, int(act), _scalar(x, slope), span, skip)
+    _launch(kernel, grid, block, x.device, x, out, a, b, int(act), _scalar(x, slope), span,
+            _flag(skip, x.device))
 
 
 @functools.lru_cache(maxsize=None)
 def _never(device):
     """A ``(1,)`` uint8 zero on ``device``: the ``skip`` of unguarded launches (only read)."""
     return torch.zeros(1, dtype=torch.uint8, device=device)
+
+
+def _flag(flag, device):
+    """A ``(1,)`` bool device flag as the kernels take it (``None``: never set)."""
+    return _never(device) if flag is None else flag.view(torch.uint8)
 
 
 def backward_reduce(z, dz, x, p, q, act, slope, mode):
@@ -731,11 +736,6 @@ def _placeholder(device, dtype, dim=1):
 def _vectors_present(weight, bias, running_mean):
     return ((_WEIGHT if weight is not None else 0) | (_BIAS if bias is not None else 0)
             | (_RUNNING if running_mean is not None else 0))
-
-
-def _flag(flag, device):
-    """A ``(1,)`` bool device flag as the kernels take it (``None``: never set)."""
-    return _never(device) if flag is None else flag.view(torch.uint8)
 
 
 def forward_step(x, out, weight, bias, running_mean, running_var, training, momentum, eps, act,
@@ -813,7 +813,8 @@ def backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param
                | (_BIAS if has_bias else 0))
     _launch(_channel_gradients, *_finish_grid(channels), device, partials, state,
             int(training), int(mode == MODE_Y), _flag(poison, device), outputs, coef,
-            placeholder if dweight is None else dweight, placeholder if dbias is None else dbias)
+            placeholder if dweight is None else dweight,
+            placeholder if dbias is None else dbias)
     if input_grad and z.numel():
         _launch(_grad_input_3d if z.dim() == 3 else _grad_input_2d, grid, block, device, z, dz,
                 x, pq[0], pq[1], coef, int(act), _scalar(z, slope), floor, int(mode), span, dz)

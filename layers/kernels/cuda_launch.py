@@ -54,8 +54,8 @@ class FastLauncher:
         return True
 
     def register(self, dispatcher, device_index, args, arrays):
-        """Keep the overload numba just launched for ``args`` (``arrays``: the arguments as numba
-        received them), for :meth:`launch` to use from the next launch on."""
+        """Keep the overload numba just launched for ``args`` (``arrays``: the arguments as
+        numba received them), for :meth:`launch` to use from the next launch on."""
         key = (dispatcher, device_index, _argument_key(args))
         if key in self._compiled:
             return
