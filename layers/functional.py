@@ -122,17 +122,19 @@ def _check_input(x, weight, bias, running_mean, running_var, training, eps, mome
         raise TypeError(f"input must be a tensor of one of {allowed}, got {dtype}")
     if x.dim() < 2:
         raise ValueError(f"input must have shape (N, C, *), got {tuple(x.shape)}")
-    channels = x.shape[1]
+    channels, device = x.shape[1], x.device
     for name, t in (("weight", weight), ("bias", bias),
                     ("running_mean", running_mean), ("running_var", running_var)):
-        if t is not None and tuple(t.shape) != (channels,):
+        if t is None:
+            continue
+        if t.shape != (channels,):
             raise ValueError(
                 f"{name} has shape {tuple(t.shape)}, expected ({channels},) for an input "
                 f"with {channels} channels (input shape {tuple(x.shape)})"
             )
-        if t is not None and t.device != x.device:
-            raise ValueError(f"{name} is on {t.device}, input on {x.device}")
-        if t is not None and not t.is_floating_point():
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device}, input on {device}")
+        if not t.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
     if (running_mean is None) != (running_var is None):
         raise ValueError("running_mean and running_var must be given together")
@@ -392,9 +394,12 @@ def whole_steps(x, group=None, vectors=()):
     dtype = None
     for vector in vectors:  # a loop, not all() over a generator: called twice per step
         if vector is not None:
-            if vector.dtype not in STEP_VECTOR_DTYPES or dtype not in (None, vector.dtype):
+            if dtype is None:
+                dtype = vector.dtype
+                if dtype not in STEP_VECTOR_DTYPES:
+                    return False
+            elif vector.dtype is not dtype:  # torch dtypes are singletons
                 return False
-            dtype = vector.dtype
     return True
 
 

@@ -631,6 +631,33 @@ def test_torch_func_batchnorm_replacement_leaves_abn_layers_alone():
     assert model[1].running_mean is not None and model[1].track_running_stats
 
 
+
+@pytest.mark.parametrize("cls", [layers.ABN, layers.InPlaceABN])
+def test_a_parametrized_weight_is_read_as_an_attribute(cls):
+    """The layers read their parameters and buffers from the module's registries, where they
+    are registered there: a parametrization moves ``weight`` out of them (a property computed
+    from its original), and the layer must then use that property, not run as if affine were
+    off. The result is compared with the composite on the parametrized weight."""
+    from torch.nn.utils import parametrize
+
+    class Doubled(nn.Module):
+        def forward(self, weight):
+            return 2 * weight
+
+    layer = make_layer(cls)
+    parametrize.register_parametrization(layer, "weight", Doubled())
+    assert "weight" not in layer._parameters
+    x, grad = random_input((4, 3, 5))
+    running_mean, running_var = layer.running_mean.clone(), layer.running_var.clone()
+    z, _, _, _ = reference_step(x, layer.weight.detach(), layer.bias.detach(), running_mean,
+                                running_var, grad, activation=layer.activation,
+                                param=layer.activation_param)
+    out = layer(x.clone())
+    torch.testing.assert_close(out, z)
+    torch.testing.assert_close(layer.running_mean, running_mean)
+    out.backward(grad)
+    assert layer.parametrizations.weight.original.grad is not None
+
 @pytest.mark.parametrize("cls", ABN_CLASSES)
 def test_parameters_buffers_and_defaults_follow_batchnorm(cls):
     layer, bn = cls(5), nn.BatchNorm2d(5)

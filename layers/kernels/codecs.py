@@ -52,14 +52,15 @@ def epsneg(dtype):
 
 
 # --------------------------------------------------------------------------- arrays
+#: 16-bit tensor dtype -> the integer dtype whose bits the CPU kernels receive (see the table).
+_CPU_BITS = {torch.float16: torch.int16, torch.bfloat16: torch.uint16}
+
+
 def cpu_array(tensor):
     """Zero-copy numpy view of a CPU tensor as the CPU kernels take it (see the table)."""
     t = tensor.detach() if tensor.requires_grad else tensor
-    if t.dtype == torch.float16:
-        return t.view(torch.int16).numpy()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.uint16).numpy()
-    return t.numpy()
+    bits = _CPU_BITS.get(t.dtype)
+    return (t if bits is None else t.view(bits)).numpy()
 
 
 def cuda_tensor(tensor):
@@ -77,7 +78,7 @@ def simulator_array(tensor):
 def compute_scalar(value, array):
     """``value`` as a numpy scalar of the compute type of ``array``'s data (float32 loops stay
     in float32, and 16-bit data computes in float32)."""
-    return np.float64(value) if array.dtype == np.float64 else np.float32(value)
+    return np.float64(value) if array.dtype.type is np.float64 else np.float32(value)
 
 
 # --------------------------------------------------------------------------- Python reference
@@ -120,7 +121,7 @@ def store(value, out):
 
 def compute_empty(shape, like):
     """An uninitialised array of ``shape`` in the compute type of the array ``like``."""
-    return np.empty(shape, np.float64 if like.dtype == np.float64 else np.float32)
+    return np.empty(shape, np.float64 if like.dtype.type is np.float64 else np.float32)
 
 
 # --------------------------------------------------------------------------- compiled

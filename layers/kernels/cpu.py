@@ -917,9 +917,10 @@ def _channel_gradients(state, sums, training, variant_y, coef, dweight, dbias, f
             dbias[j] = sum_dy
 
 
-def _optional(t):
-    """The numpy view of an optional per-channel tensor (``None`` stays ``None``)."""
-    return None if t is None else codecs.cpu_array(t)
+def _vector(t):
+    """The numpy view of an optional float32 or float64 per-channel tensor (``None`` stays
+    ``None``): no 16-bit codec to look up, unlike :func:`_np`."""
+    return None if t is None else t.detach().numpy()
 
 
 # --------------------------------------------------------------------------- whole steps
@@ -994,18 +995,16 @@ def forward_step(x, out, weight, bias, running_mean, running_var, training, mome
     ``weight``.
     """
     channels = x.shape[1]
-    count = x.numel() // channels
     state = np.empty((6, channels))
-    vectors = (_optional(weight), _optional(bias), _optional(running_mean),
-               _optional(running_var))
-    if training and not _empty(x) and _fuses_statistics(x, out):
-        threads = _follow_torch_threads()
+    weight, bias = _vector(weight), _vector(bias)
+    running_mean, running_var = _vector(running_mean), _vector(running_var)
+    if training and _fuses_statistics(x, out) and not _empty(x):
         xa = _np(x)
-        _forward_step_ncs_inplace[act](xa, *vectors, float(eps), float(momentum),
-                                       bool(abs_mode), _scalar(slope, xa), state,
-                                       _channel_block(x, 1, threads))
+        _forward_step_ncs_inplace[act](xa, weight, bias, running_mean, running_var, float(eps),
+                                       float(momentum), bool(abs_mode), _scalar(slope, xa),
+                                       state, _channel_block(x, 1, _follow_torch_threads()))
         return torch.from_numpy(state)
-    weight, bias, running_mean, running_var = vectors
+    count = x.numel() // channels
     _channel_scale(weight, bias, float(eps), bool(abs_mode), state)
     if training:
         moments = _moments_forward(x, out, state[0], state[1], eps, act, slope)
