@@ -42,7 +42,6 @@ from pathlib import Path
 import numba
 import torch
 import torch.nn as nn
-import torchvision
 
 from layers import NORM_TYPES, densenet
 
@@ -167,6 +166,10 @@ def _torchvision_cifar_densenet(depth, growth_rate, num_classes=10):
     Same layers, names and parameters as :func:`layers.densenet.densenet_bc`: the ImageNet
     stem's ``norm0``, ``relu0`` and ``pool0`` become identities and ``conv0`` a 3x3 one.
     """
+    # Imported here: importing torchvision imports torch._dynamo (about 3 s on a 2-core AMD
+    # EPYC), which a process that measures only this project's models does not need.
+    import torchvision
+
     reference = densenet.densenet_bc(depth, growth_rate, num_classes, impl="naive")
     n = len(reference.features.denseblock1)
     model = torchvision.models.DenseNet(growth_rate, (n, n, n), 2 * growth_rate, bn_size=4,
