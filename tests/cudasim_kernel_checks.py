@@ -31,8 +31,10 @@ BACKWARD_CASES = ([(act, slope, mode) for act, slope in INVERTIBLE for mode in M
                   + [(*RELU, common.MODE_XHAT_FROM_X)])
 
 #: Tiny shapes for the full activation x mode sweep, and shapes that exercise the kernels'
-#: walking and tiling paths: 2 chunks with ``S`` not dividing the 256-thread step, ``S == 1``,
-#: 2 chunks with ``S > 256``; 2 row chunks, 2 channel tiles (the simulator runs ~0.2 s a block).
+#: walking and tiling paths: several chunks with ``S`` not dividing a block's step of
+#: ``cuda._THREADS`` threads (64 under the simulator, 256 on a GPU: both), ``S == 1``, several
+#: chunks with ``S`` above the step; several row chunks, 2 channel tiles (the simulator runs
+#: ~0.05 s a block).
 SMALL = {"3d": (2, 3, 5), "2d": (7, 3)}
 GEOMETRY = {"3d": [(14, 1, 77), (300, 1, 1), (2, 1, 700)], "2d": [(40, 3), (9, 40)]}
 
