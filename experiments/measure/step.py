@@ -166,8 +166,8 @@ def _torchvision_cifar_densenet(depth, growth_rate, num_classes=10):
     Same layers, names and parameters as :func:`layers.densenet.densenet_bc`: the ImageNet
     stem's ``norm0``, ``relu0`` and ``pool0`` become identities and ``conv0`` a 3x3 one.
     """
-    # Imported here: importing torchvision imports torch._dynamo (about 3 s on a 2-core AMD
-    # EPYC), which a process that measures only this project's models does not need.
+    # Imported here: importing torchvision imports torch._dynamo, seconds of every process that
+    # measures only this project's models, which do not need it.
     import torchvision
 
     reference = densenet.densenet_bc(depth, growth_rate, num_classes, impl="naive")
