@@ -631,7 +631,6 @@ def test_torch_func_batchnorm_replacement_leaves_abn_layers_alone():
     assert model[1].running_mean is not None and model[1].track_running_stats
 
 
-
 @pytest.mark.parametrize("cls", [layers.ABN, layers.InPlaceABN])
 def test_a_parametrized_weight_is_read_as_an_attribute(cls):
     """The layers read their parameters and buffers from the module's registries, where they
@@ -657,6 +656,7 @@ def test_a_parametrized_weight_is_read_as_an_attribute(cls):
     torch.testing.assert_close(layer.running_mean, running_mean)
     out.backward(grad)
     assert layer.parametrizations.weight.original.grad is not None
+
 
 @pytest.mark.parametrize("cls", ABN_CLASSES)
 def test_parameters_buffers_and_defaults_follow_batchnorm(cls):

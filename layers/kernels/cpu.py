@@ -917,10 +917,9 @@ def _channel_gradients(state, sums, training, variant_y, coef, dweight, dbias, f
             dbias[j] = sum_dy
 
 
-def _vector(t):
-    """The numpy view of an optional float32 or float64 per-channel tensor (``None`` stays
-    ``None``): no 16-bit codec to look up, unlike :func:`_np`."""
-    return None if t is None else t.detach().numpy()
+def _optional(t):
+    """The numpy view of an optional per-channel tensor (``None`` stays ``None``)."""
+    return None if t is None else codecs.cpu_array(t)
 
 
 # --------------------------------------------------------------------------- whole steps
@@ -996,8 +995,8 @@ def forward_step(x, out, weight, bias, running_mean, running_var, training, mome
     """
     channels = x.shape[1]
     state = np.empty((6, channels))
-    weight, bias = _vector(weight), _vector(bias)
-    running_mean, running_var = _vector(running_mean), _vector(running_var)
+    weight, bias = _optional(weight), _optional(bias)
+    running_mean, running_var = _optional(running_mean), _optional(running_var)
     if training and _fuses_statistics(x, out) and not _empty(x):
         xa = _np(x)
         _forward_step_ncs_inplace[act](xa, weight, bias, running_mean, running_var, float(eps),
