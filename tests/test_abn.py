@@ -1012,8 +1012,9 @@ def test_ncs_kernels_walk_every_row_for_any_chunking():
     coef = torch.rand(3, c, dtype=torch.float64, generator=generator)
     z = torch.where(x > 0, x, x * slope)  # a leaky ReLU output, which the backward inverts
     dy = torch.where(z > 0, dz, dz * slope)
-    v = torch.where(z > 0, z, z / slope)  # MODE_Y: the recovered BN output itself
-    act, mode = common.ACT_LEAKY_RELU, common.MODE_Y
+    # MODE_XHAT_FROM_Y: the recovered BN output, scaled and shifted (MODE_Y runs this kernel)
+    v = torch.where(z > 0, z, z / slope) * p[:, None] + q[:, None]
+    act, mode = common.ACT_LEAKY_RELU, common.MODE_XHAT_FROM_Y
     floor = cpu._elu_floor(z)
     for chunks in range(1, n * c + 1):
         mean, m2 = torch.from_numpy(cpu._moments_ncs(x.numpy(), chunks))

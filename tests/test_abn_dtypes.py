@@ -199,33 +199,34 @@ def test_16_bit_element_wise_kernels_round_every_element_as_torch_for_every_row_
     and out of place."""
     from layers.kernels import common
 
-    act, mode, chunks = common.ACT_LEAKY_RELU, common.MODE_Y, 3
-    slope = torch.tensor(0.01)
+    act, mode, chunks = common.ACT_LEAKY_RELU, common.MODE_XHAT_FROM_Y, 3
+    slope = np.float32(0.01)  # a scalar of the compute dtype, as the layers pass it
     generator = torch.Generator().manual_seed(12)
     n, c = 2, 3
     a, b = torch.rand(c, generator=generator) + 0.5, torch.randn(c, generator=generator)
     coef = torch.randn(3, c, generator=generator)
     for s in range(1, 71):
         x, dz = (torch.randn(n, c, s, generator=generator).to(dtype) for _ in range(2))
-        y = x.float() * a[:, None] + b[:, None]
+        a_, b_ = a[:, None], b[:, None]
+        y = x.float() * a_ + b_
         expected = torch.where(y >= 0, y, y * slope).to(dtype)
         out = torch.empty_like(x)
         cpu._forward_ncs[act](codecs.cpu_array(x), codecs.cpu_array(out), a.numpy(), b.numpy(),
-                              slope.numpy(), chunks)
+                              slope, chunks)
         in_place = x.clone()
-        cpu._forward_ncs[act](codecs.cpu_array(in_place), None, a.numpy(), b.numpy(),
-                              slope.numpy(), chunks)
+        cpu._forward_ncs[act](codecs.cpu_array(in_place), None, a.numpy(), b.numpy(), slope,
+                              chunks)
         for got in (out, in_place):
             _assert_same_values(got, expected)
 
         z = expected.float()
         dy = torch.where(z > 0, dz.float(), dz.float() * slope)
-        v = torch.where(z > 0, z, z / slope)  # MODE_Y: the recovered BN output
+        v = torch.where(z > 0, z, z / slope) * a_ + b_  # the recovered BN output, p = a, q = b
         k0, k1, k2 = (k[:, None] for k in coef)
         grad = dz.clone()
         cpu._backward_input_ncs[act, mode](
             codecs.cpu_array(expected), codecs.cpu_array(grad), codecs.cpu_array(expected),
-            a.numpy(), b.numpy(), coef.numpy(), slope.numpy(), cpu._elu_floor(expected), chunks)
+            a.numpy(), b.numpy(), coef.numpy(), slope, cpu._elu_floor(expected), chunks)
         _assert_same_values(grad, (dy * k0 + v * k1 + k2).to(dtype))
 
 

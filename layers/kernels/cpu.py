@@ -36,7 +36,9 @@ Speed: each kernel is compiled once per activation (and backward mode) with both
 constants (:class:`_Variants`), so LLVM sees straight-line, branch-free loop bodies that it
 vectorises; with the activation and mode as run-time values it does not, and the loops run
 several times slower. A variant compiles on its first use: a model compiles the one or two it
-runs, not all nine (one backward reduction with all nine inlined took 10 to 20 s to compile).
+runs, not all six (one backward reduction with all nine activation and mode pairs inlined took
+10 to 20 s to compile). ``MODE_Y`` has no variant of its own: it runs the ``MODE_XHAT_FROM_Y``
+kernels with ``p = 1``, ``q = 0`` (:data:`_KERNEL_MODES`), which give ``v = y`` exactly.
 In-place kernels read and write one array argument (two arguments that alias defeat
 vectorisation, see ``_target``).
 
@@ -124,15 +126,21 @@ class _Variants:
 
 #: Keys of the forward kernels (the activation) and of the backward ones (activation, mode).
 _ACTS = (ACT_IDENTITY, ACT_LEAKY_RELU, ACT_ELU)
-_ACT_MODES = tuple((act, mode) for act in _ACTS
-                   for mode in (MODE_Y, MODE_XHAT_FROM_Y, MODE_XHAT_FROM_X))
+#: The backward modes compiled: ``MODE_Y`` runs the ``MODE_XHAT_FROM_Y`` kernels with ``p = 1``
+#: and ``q = 0`` (:func:`_kernel_mode`), whose ``v = y * 1 + 0`` is ``y`` exactly: both
+#: InPlace-ABN variants share their kernels, for one multiply-add per element that the memory
+#: traffic hides, and a third of the backward variants never compiles.
+_KERNEL_MODES = (MODE_XHAT_FROM_Y, MODE_XHAT_FROM_X)
+_ACT_MODES = tuple((act, mode) for act in _ACTS for mode in _KERNEL_MODES)
 
 
 @_jit_scalar
 def _backward_value(z, x, p, q, act, slope, floor, mode):
-    """The value ``v`` that ``sum(dy * v)`` is taken against (see ``common`` for the modes)."""
+    """The value ``v = u * p + q`` that ``sum(dy * v)`` is taken against, ``u`` the stored
+    input or ``y`` (see ``common`` for the modes; ``MODE_Y`` is compiled as ``MODE_XHAT_FROM_Y``,
+    :data:`_KERNEL_MODES`)."""
     u = x if mode == MODE_XHAT_FROM_X else _act_inverse(z, act, slope, floor)
-    return u if mode == MODE_Y else u * p + q
+    return u * p + q
 
 
 # --------------------------------------------------------------------------- rows
@@ -794,18 +802,32 @@ def forward(x, out, a, b, act, slope):
     kernel(xa, _output(out, x), _np(a), _np(b), _scalar(slope, xa), _chunks(x, threads))
 
 
+def _kernel_mode(mode, p, q, za):
+    """The mode of the backward kernel that runs ``mode`` (:data:`_KERNEL_MODES`) and its ``p``,
+    ``q`` arrays: ``MODE_Y`` runs as ``MODE_XHAT_FROM_Y`` with ``p = 1``, ``q = 0`` (its own
+    ``p`` and ``q`` are not read), in the compute dtype of the data ``za``."""
+    if mode != MODE_Y:
+        return mode, _np(p), _np(q)
+    pq = compute_empty((2, za.shape[1]), za)  # the channels: axis 1 of (N, C, S) and (M, C)
+    pq[0], pq[1] = 1, 0
+    return MODE_XHAT_FROM_Y, pq[0], pq[1]
+
+
 def backward_reduce(z, dz, x, p, q, act, slope, mode):
     """``[sum(dy), sum(dy * v)]`` per channel (float64, shape ``(2, C)``)."""
-    return torch.from_numpy(_backward_sums(z, _np(z), _np(dz), _np(x), p, q, act, slope, mode))
+    za = _np(z)
+    mode, p, q = _kernel_mode(mode, p, q, za)
+    return torch.from_numpy(_backward_sums(z, za, _np(dz), _np(x), p, q, act, slope, mode))
 
 
 def _backward_sums(z, za, dza, xa, p, q, act, slope, mode):
-    """:func:`backward_reduce` on the arrays ``za``, ``dza``, ``xa`` of the view ``z``, ``dz``
-    and ``x``, returning a numpy array."""
+    """:func:`backward_reduce` on the arrays ``za``, ``dza``, ``xa``, ``p``, ``q`` of the view
+    ``z``, ``dz``, ``x`` and the coefficients, in a kernel's ``mode`` (:func:`_kernel_mode`),
+    returning a numpy array."""
     if _empty(z):
         return np.zeros((2, z.shape[1 if z.dim() == 3 else -1]))
     threads = _follow_torch_threads()
-    args = (za, dza, xa, _np(p), _np(q), _scalar(slope, za), _elu_floor(z))
+    args = (za, dza, xa, p, q, _scalar(slope, za), _elu_floor(z))
     if z.dim() == 3:
         return _backward_reduce_ncs[act, mode](*args, _chunks(z, threads))
     return _backward_reduce_mc[act, mode](*args, _reduction_chunks(z.shape[0]))
@@ -823,15 +845,17 @@ def backward_input(z, dz, x, p, q, coef, act, slope, mode, out):
         return
     if not _in_place(out, dz):
         out.copy_(dz)
-    _input_gradient_in_place(z, _np(z), _np(out), _np(x), p, q, coef, act, slope, mode)
+    za = _np(z)
+    mode, p, q = _kernel_mode(mode, p, q, za)
+    _input_gradient_in_place(z, za, _np(out), _np(x), p, q, coef, act, slope, mode)
 
 
 def _input_gradient_in_place(z, za, dza, xa, p, q, coef, act, slope, mode):
     """:func:`backward_input` over ``dza`` itself, on the arrays of the views ``z``, ``dz``
-    and ``x`` (``z`` not empty)."""
+    and ``x`` and the coefficients ``p``, ``q``, in a kernel's ``mode`` (``z`` not empty)."""
     threads = _follow_torch_threads()
     kernel = _backward_input_ncs[act, mode] if z.dim() == 3 else _backward_input_mc[act, mode]
-    kernel(za, dza, xa, _np(p), _np(q), _np(coef), _scalar(slope, za), _elu_floor(z),
+    kernel(za, dza, xa, p, q, _np(coef), _scalar(slope, za), _elu_floor(z),
            _chunks(z, threads))
 
 
@@ -887,12 +911,16 @@ def _channel_running_statistics(running_mean, running_var, count, eps, state):
 
 
 @_serial
-def _channel_value_coefficients(state, from_x, pq):
-    """``pq`` = ``[p, q]`` of the backward's value ``v`` (:mod:`.common`): from the stored input
-    (``from_x``) or from ``y``."""
+def _channel_value_coefficients(state, from_x, variant_y, pq):
+    """``pq`` = ``[p, q]`` of the backward's value ``v = u * p + q`` (:mod:`.common`): ``x_hat``
+    from the stored input (``from_x``) or from ``y``, or ``y`` itself (``variant_y``: ``p = 1``,
+    ``q = 0``, as the kernels run ``MODE_Y``)."""
     for j in range(state.shape[1]):
-        pq[0, j], pq[1, j] = _value_coefficients(state[0, j], state[1, j], state[3, j],
-                                                 state[4, j], from_x)
+        if variant_y:
+            pq[0, j], pq[1, j] = 1.0, 0.0
+        else:
+            pq[0, j], pq[1, j] = _value_coefficients(state[0, j], state[1, j], state[3, j],
+                                                     state[4, j], from_x)
 
 
 @_serial
@@ -947,18 +975,20 @@ def _forward_step_ncs_inplace(act):
 
 @_Variants(_parallel_reduction, _ACT_MODES)
 def _backward_step_ncs(act, mode):
-    from_x, variant_y = mode == MODE_XHAT_FROM_X, mode == MODE_Y
+    from_x = mode == MODE_XHAT_FROM_X
 
-    def kernel(z, dz, x, state, training, slope, floor, block, coef, dweight, dbias):
+    def kernel(z, dz, x, state, training, variant_y, slope, floor, block, coef, dweight, dbias):
         """The backward per block of ``block`` consecutive channels (blocks in parallel):
-        ``v``'s coefficients, the reductions, the per-channel gradients and, unless ``coef``
-        is None, the input gradient over ``dz`` while the block is in cache (its element-wise
+        ``v``'s coefficients (``variant_y``: ``MODE_Y``, which this kernel of
+        ``MODE_XHAT_FROM_Y`` runs with ``p = 1``, ``q = 0``), the reductions, the per-channel
+        gradients and, unless ``coef`` is None, the input gradient over ``dz`` while the block
+        is in cache (its element-wise
         arithmetic compiled with the reductions' reassociation and contraction, so it may
         differ from :func:`_backward_input_ncs` in the last bit). Each channel's sums run over
         its rows in the order of the batch, as in :func:`_reduce_ncs`, whatever ``block`` is."""
         n, c, _ = z.shape
         pq = compute_empty((2, c), z)
-        _channel_value_coefficients(state, from_x, pq)
+        _channel_value_coefficients(state, from_x, variant_y, pq)
         sums = np.empty((2, c), np.float64)
         for blk in numba.prange(-(-c // block)):
             first, last = blk * block, min((blk + 1) * block, c)
@@ -1050,18 +1080,21 @@ def _backward_step(z, dz, x, state, act, slope, mode, training, input_grad, para
     coef = compute_empty((3, channels), za) if input_grad else None
     dweight = np.empty(channels, param_dtype) if has_weight else None
     dbias = np.empty(channels, param_dtype) if has_bias else None
+    from_x, variant_y = mode == MODE_XHAT_FROM_X, mode == MODE_Y
+    kernel_mode = MODE_XHAT_FROM_Y if variant_y else mode  # p = 1, q = 0 below (_kernel_mode)
     if z.dim() == 3 and not _empty(z):
         threads = _follow_torch_threads()
         block = _channel_block(z, 2 if x is None else 3, threads)  # z, dz (and x)
-        _backward_step_ncs[act, mode](za, dza, xa, state, bool(training), _scalar(slope, za),
-                                      _elu_floor(z), block, coef, dweight, dbias)
+        _backward_step_ncs[act, kernel_mode](za, dza, xa, state, bool(training), variant_y,
+                                             _scalar(slope, za), _elu_floor(z), block, coef,
+                                             dweight, dbias)
         return dweight, dbias
     pq = compute_empty((2, channels), za)
-    _channel_value_coefficients(state, mode == MODE_XHAT_FROM_X, pq)
+    _channel_value_coefficients(state, from_x, variant_y, pq)
     p, q = pq[0], pq[1]
-    sums = _backward_sums(z, za, dza, xa, p, q, act, slope, mode)
-    _channel_gradients(state, sums, bool(training), mode == MODE_Y, coef, dweight, dbias, 0,
+    sums = _backward_sums(z, za, dza, xa, p, q, act, slope, kernel_mode)
+    _channel_gradients(state, sums, bool(training), variant_y, coef, dweight, dbias, 0,
                        channels)
     if input_grad and not _empty(z):
-        _input_gradient_in_place(z, za, dza, xa, p, q, coef, act, slope, mode)
+        _input_gradient_in_place(z, za, dza, xa, p, q, coef, act, slope, kernel_mode)
     return dweight, dbias
