@@ -11,9 +11,8 @@ the activation (Algorithm 2), in one of the paper's two ways:
 * ``variant="I"`` (Fig. 2(d)): ``x_hat = (y - beta) / gamma`` is recovered per element and the
   gradients are taken in ``x_hat``;
 * ``variant="II"`` (Fig. 2(e), §3.3; the default): the gradients are written directly in
-  ``y``, which folds the inversion of the affine step into per-channel constants. It was the
-  faster of the two in 4 of 5 CPU runs of ``python -m experiments.bench_kernels`` (by 1-6%;
-  both make the same passes over memory).
+  ``y``, which folds the inversion of the affine step into per-channel constants. Both make
+  the same passes over memory; ``python -m experiments.bench_kernels`` times the two.
 
 Scale parametrization (``scale_mode``): with ``"abs"`` (the default, as in the authors' release)
 the per-channel scale is ``gamma = |weight| + eps``, so it can always be inverted; the gradient
@@ -372,9 +371,9 @@ def _empty_like_layout(x, layout):
 # ways: as torch operators on vectors of C values, or, where the kernels run eagerly, inside
 # the backend's whole forward or backward step (``forward_step``, ``backward_step`` of
 # :mod:`layers.kernels.cpu`: one compiled loop over the channels; of :mod:`layers.kernels.cuda`:
-# one kernel launch). A torch operator on a few dozen values costs 2-4 us on a 2-core AMD EPYC
-# CPU and 7 us on an H100's host (both measured); the two dozen of them, and the Python between
-# separate kernel calls, cost more than the kernels on small tensors, and on a GPU at any size.
+# one kernel launch). Each torch operator on a few dozen values costs microseconds of host
+# time whatever its size; the two dozen of them, and the Python between separate kernel calls,
+# cost more than the kernels on small tensors, and on a GPU at any size.
 #: Dtypes of the per-channel tensors (weight, bias, running statistics) of the whole steps.
 STEP_VECTOR_DTYPES = (torch.float32, torch.float64)
 

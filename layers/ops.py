@@ -57,11 +57,11 @@ class KernelOperator:
     """A kernel as a custom operator ``layers::<name>``, called directly where the dispatcher
     adds nothing.
 
-    Calling the operator costs about as much as a small kernel (18 us measured on a 2-core AMD
-    EPYC CPU: Python dispatch through the autograd, ``ADInplaceOrView`` and backend keys),
-    several times per layer and step. Called on plain eager tensors (not fake, not on
-    ``meta``, not under ``torch.compile`` or a ``TorchDispatchMode`` such as the memory tracker
-    of :mod:`experiments.measure.tensor_memory`; :func:`runs_directly`), this runs the
+    Calling the operator costs about as much as a small kernel (Python dispatch through the
+    autograd, ``ADInplaceOrView`` and backend keys), several times per layer and step. Called
+    on plain eager tensors (not fake, not on ``meta``, not under ``torch.compile`` or a
+    ``TorchDispatchMode`` such as the memory tracker of
+    :mod:`experiments.measure.tensor_memory`; :func:`runs_directly`), this runs the
     implementation directly and bumps the version counter of every mutated argument, as the
     operator's ``ADInplaceOrView`` kernel does (autograd's check that a saved tensor was not
     overwritten relies on it). Anywhere else it calls ``operator``, the registered custom operator.

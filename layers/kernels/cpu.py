@@ -36,8 +36,8 @@ Speed: each kernel is compiled once per activation (and backward mode) with both
 constants (:class:`_Variants`), so LLVM sees straight-line, branch-free loop bodies that it
 vectorises; with the activation and mode as run-time values it does not, and the loops run
 several times slower. A variant compiles on its first use: a model compiles the one or two it
-runs, not all six (one backward reduction with all nine activation and mode pairs inlined took
-10 to 20 s to compile). ``MODE_Y`` has no variant of its own: it runs the ``MODE_XHAT_FROM_Y``
+runs, not all six (one backward reduction with every activation and mode inlined took many
+times longer to compile). ``MODE_Y`` has no variant of its own: it runs the ``MODE_XHAT_FROM_Y``
 kernels with ``p = 1``, ``q = 0`` (:data:`_KERNEL_MODES`), which give ``v = y`` exactly.
 In-place kernels read and write one array argument (two arguments that alias defeat
 vectorisation, see ``_target``).
@@ -166,7 +166,7 @@ def _target(out, x):
 def _target_overload(out, x):
     # In place, the rows read and written are then one and the same value, which LLVM
     # vectorises directly; two argument arrays that happen to alias fail its run-time overlap
-    # check and run the scalar loop, about 3x slower.
+    # check and run the scalar loop, several times slower.
     if isinstance(out, (types.NoneType, types.Omitted)):
         return lambda out, x: x
     return lambda out, x: out
@@ -198,13 +198,12 @@ def _split_at_lanes(row):
 
     Callers branch on ``_SPLITS_ROWS and _split_at_lanes(row)`` and compute that split point
     inside the branch: a split point picked by a conditional expression (``row.size`` when not
-    split) hides from LLVM that it is a multiple of ``_LANES``, and measured no faster than one
+    split) hides from LLVM that it is a multiple of ``_LANES``, and gains nothing over one
     loop. The global comes first because numba prunes a branch on a global constant before it
     inlines the calls in it, while this function only resolves at typing, after inlining: on
     hosts without AVX-512 the two split loops then never enter the kernels' IR (numba copies
-    an inlined function's IR at every call site, at a cost that grows with its size; measured:
-    the first training step, import included, took 12.8 to 14.3 s instead of 16.7 to 24.0 s on
-    an AVX2 host)."""
+    an inlined function's IR at every call site, at a compile time that grows with its
+    size)."""
 
 
 @overload(_split_at_lanes, inline="always")
@@ -212,13 +211,9 @@ def _split_at_lanes_overload(row):
     # LLVM vectorises a loop of unknown length in steps of 2 * _LANES elements, then what is
     # left in 4-element steps and a scalar tail. When _LANES or more are left, those 4-element
     # steps dominate a short row; a first loop whose length LLVM can see is a multiple of
-    # _LANES runs them at full width instead. Measured on 16-bit rows (AMD EPYC, AVX-512, one
-    # thread): normalize + activate and the input gradient 1.4x as fast on 7x7 maps (rows of
-    # 49), 1.7x on 4x4, 1.3x on 9x9, about 1.1x on 28x28 (784), unchanged where fewer are
-    # left (14x14, 10x10) or none. Float rows measured slower split, at every row length: they
-    # keep one loop. On AVX2 (AMD EPYC Zen 3, one thread, bfloat16 normalize + activate) the
-    # split was 1.5x to 2.7x slower than one loop at every row length it splits from 48 to 63
-    # (1.8x at 49): AVX2 hosts keep one loop.
+    # _LANES runs them at full width instead. That pays on 16-bit rows with AVX-512 (short
+    # rows with a long remainder gain most, rows with no remainder nothing); float rows and
+    # AVX2 hosts run slower split, at every row length, and keep one loop.
     if row.dtype in codecs.SIXTEEN_BIT_TYPES:  # callers test _SPLITS_ROWS first
         return lambda row: row.size % (2 * _LANES) >= _LANES
     return lambda row: False
@@ -254,11 +249,10 @@ def _shifted_four_row_sums(r0, r1, r2, r3, k):
     The four rows are read side by side, element by element: four memory streams at once
     instead of one. Where consecutive rows of a channel lie far apart (the ``(N, C, S)`` view
     read channel by channel), a single stream leaves the memory idle while each row's first
-    cache lines arrive; four keep it busy (measured, interleaved with the one-row version on 2
-    cores: the fused forward 10 to 25% faster at ResNeXt-101's 56x56 and 28x28 stage shapes,
-    as fast at 7x7 maps, whose short rows leave little to overlap). A block's sums in the
-    compute dtype run over the four rows' ``_BLOCK`` elements together (``4 * _BLOCK``
-    values; one accumulator per sum, as separate ones per row measured slower). The rows are
+    cache lines arrive; four keep it busy (long rows gain, the short rows of 7x7 maps leave
+    little to overlap). A block's sums in the compute dtype run over the four rows' ``_BLOCK``
+    elements together (``4 * _BLOCK`` values; one accumulator per sum, which ran faster than
+    separate ones per row). The rows are
     separate, contiguous arguments: one strided ``(4, S)`` view of them would not vectorise.
     """
     s1 = 0.0
@@ -281,8 +275,8 @@ def _shifted_four_row_sums(r0, r1, r2, r3, k):
 
 
 # The (N, C, S) kernels walk blocks of consecutive rows (:func:`_chunks`), finding a row's
-# batch item and channel by one division per block, not per row: on 7x7 maps (rows of 49
-# values) a 64-bit division per row took a quarter of the statistics pass (measured).
+# batch item and channel by one division per block, not per row: on short rows (7x7 maps) a
+# 64-bit division per row is a large part of the statistics pass.
 @_jit_scalar
 def _chunk_rows(blk, chunks, n, c):
     """``(start, stop, i, j)``: rows ``start`` to ``stop`` of chunk ``blk`` of ``chunks`` over
@@ -310,9 +304,8 @@ def _moments_from_sums(sums, shift, count):
     elements per channel ``j``.
 
     A loop over the channels: an assignment of whole rows (``out[0] = ...``) would make numba
-    compile its message for mismatched shapes, several seconds in every process that compiles
-    a kernel with one (measured on 2 cores, AVX2: 3.0 and 4.1 s of the 7.0 and 9.2 s that
-    ``_moments_ncs`` took to compile from an empty cache).
+    compile its message for mismatched shapes, seconds in every process that compiles a kernel
+    with one (a large part of ``_moments_ncs``'s compile time from an empty cache).
     """
     out = np.empty((2, shift.size), np.float64)
     for j in range(shift.size):
@@ -696,9 +689,9 @@ def _chunks(view, threads):
 
 #: Bytes of data a block of channels of the whole steps should hold at most: read once for the
 #: statistics or the backward's sums, the block is still in the core's L2 cache (512 KiB and up
-#: on current x86 cores) when it is read again for the output or the input gradient. Measured
-#: (AMD EPYC Zen 3, 2 threads, the fused forward at ResNeXt-101's stage shapes): 128 to 512 KiB
-#: within a few percent of one another, 32 KiB and 1 MiB slower.
+#: on current x86 cores) when it is read again for the output or the input gradient. The fused
+#: forward at ResNeXt-101's stage shapes is about as fast anywhere from 128 to 512 KiB, and
+#: slower with much smaller blocks (more per-block work) or much larger ones (out of cache).
 _CACHED_BLOCK_BYTES = 256 * 1024
 
 
@@ -763,9 +756,10 @@ def moments_forward(x, out, gamma, beta, eps, act, slope):
     The training forward in one call. In place, with at least ``_FUSED_MIN_CHANNELS`` channels
     (to spread over the threads), the statistics and output of each block of channels are
     computed back to back while its data is in cache, so the input is read from memory once
-    instead of twice (measured: about as fast as a copy of the tensor). Out of place, or with
-    fewer channels, the two passes run one after the other: writing a second tensor channel by
-    channel measured slower than the row-wise ``forward``.
+    instead of twice (close to the cost of a copy of the tensor, ``forward_over_copy`` of
+    ``experiments.bench_kernels``). Out of place, or with fewer channels, the two passes run one
+    after the other: writing a second tensor channel by channel is slower than the row-wise
+    ``forward``.
     ``gamma``, ``beta``: float64 ``(C,)``. An empty view writes nothing; its moments are NaN.
     """
     return torch.from_numpy(_moments_forward(x, out, gamma, beta, eps, act, slope))

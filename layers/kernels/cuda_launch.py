@@ -1,12 +1,11 @@
 """Launching compiled ``numba.cuda`` kernels on torch tensors at the cost of one driver call.
 
 A launch through numba's dispatcher costs far more host time than our kernels take on a large
-GPU. Measured on an H100 (numba-cuda 0.30.4, a 3-argument kernel on 1024 floats): 57 us per
-launch with torch tensors as arguments (each becomes a ``DeviceNDArray`` through
-``__cuda_array_interface__``, about 12 us apiece), 24.5 us with ready device arrays (numba types
-every argument and looks up the overload), while the kernels of a whole layer step take 0.1 to
-0.2 ms on a 100 MB tensor. A step of half a dozen launches through numba was host-bound at
-every size.
+GPU: each torch tensor argument becomes a ``DeviceNDArray`` through
+``__cuda_array_interface__``, and numba types every argument and looks up the overload, tens
+of microseconds per launch, while the kernels of a whole layer step take a fraction of a
+millisecond on a 100 MB tensor on a current GPU. A step of half a dozen launches through
+numba is host-bound at every size.
 
 :class:`FastLauncher` takes the first launch of each kernel, argument types and device through
 numba (which compiles, or loads from the disk cache, and binds the kernel to the device), then
