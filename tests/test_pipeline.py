@@ -73,10 +73,26 @@ def profile(name):
 
 
 # --------------------------------------------------------------------------- planning
+def test_the_workflow_profile_rate_limits_no_more_than_snakemakes_default():
+    """``profiles/default`` lengthens the timespan of Snakemake's job rate limiter, so that its
+    scheduler re-evaluates the ready jobs less often, at no lower a rate than Snakemake's
+    default and with at most a few seconds' wait at the end of a run."""
+    from snakemake.cli import get_argument_parser
+    from snakemake.settings.types import MaxJobsPerTimespan
+
+    setting = yaml.safe_load((ROOT / "profiles" / "default" / "config.yaml").read_text())
+    ours = MaxJobsPerTimespan.parse_choice(setting["max-jobs-per-timespan"])
+    default = MaxJobsPerTimespan.parse_choice(
+        get_argument_parser().get_default("max_jobs_per_timespan"))
+    assert ours.max_jobs / ours.timespan >= default.max_jobs / default.timespan
+    assert default.timespan < ours.timespan <= 5
+
+
 @pytest.mark.parametrize("name", PROFILES)
 def test_dry_run_plans_every_experiment(workdir, name):
     result = snakemake(workdir, "-n", "--config", f"profile={name}")
     assert result.returncode == 0, result.stderr
+    assert "profiles/default" in result.stdout + result.stderr  # the workflow profile is read
     counts = job_counts(result.stdout)
     config = profile(name)
     run = f"{name}-{config['device']}"
