@@ -205,9 +205,9 @@ def test_16_bit_element_wise_kernels_round_every_element_as_torch_for_every_row_
     n, c = 2, 3
     a, b = torch.rand(c, generator=generator) + 0.5, torch.randn(c, generator=generator)
     coef = torch.randn(3, c, generator=generator)
+    a_, b_ = a[:, None], b[:, None]
     for s in range(1, 71):
         x, dz = (torch.randn(n, c, s, generator=generator).to(dtype) for _ in range(2))
-        a_, b_ = a[:, None], b[:, None]
         y = x.float() * a_ + b_
         expected = torch.where(y >= 0, y, y * slope).to(dtype)
         out = torch.empty_like(x)

@@ -252,8 +252,8 @@ def _shifted_four_row_sums(r0, r1, r2, r3, k):
     cache lines arrive; four keep it busy (long rows gain, the short rows of 7x7 maps leave
     little to overlap). A block's sums in the compute dtype run over the four rows' ``_BLOCK``
     elements together (``4 * _BLOCK`` values; one accumulator per sum, which ran faster than
-    separate ones per row). The rows are
-    separate, contiguous arguments: one strided ``(4, S)`` view of them would not vectorise.
+    separate ones per row). The rows are separate, contiguous arguments: one strided
+    ``(4, S)`` view of them would not vectorise.
     """
     s1 = 0.0
     s2 = 0.0
@@ -796,15 +796,20 @@ def forward(x, out, a, b, act, slope):
     kernel(xa, _output(out, x), _np(a), _np(b), _scalar(slope, xa), _chunks(x, threads))
 
 
+def _compiled_mode(mode):
+    """The mode of the backward kernels that run ``mode`` (:data:`_KERNEL_MODES`)."""
+    return MODE_XHAT_FROM_Y if mode == MODE_Y else mode
+
+
 def _kernel_mode(mode, p, q, za):
-    """The mode of the backward kernel that runs ``mode`` (:data:`_KERNEL_MODES`) and its ``p``,
-    ``q`` arrays: ``MODE_Y`` runs as ``MODE_XHAT_FROM_Y`` with ``p = 1``, ``q = 0`` (its own
-    ``p`` and ``q`` are not read), in the compute dtype of the data ``za``."""
+    """:func:`_compiled_mode` of ``mode`` and the kernel's ``p``, ``q`` arrays: ``MODE_Y`` runs
+    with ``p = 1``, ``q = 0`` (its own ``p`` and ``q`` are not read), in the compute dtype of
+    the data ``za``."""
     if mode != MODE_Y:
         return mode, _np(p), _np(q)
     pq = compute_empty((2, za.shape[1]), za)  # the channels: axis 1 of (N, C, S) and (M, C)
     pq[0], pq[1] = 1, 0
-    return MODE_XHAT_FROM_Y, pq[0], pq[1]
+    return _compiled_mode(mode), pq[0], pq[1]
 
 
 def backward_reduce(z, dz, x, p, q, act, slope, mode):
@@ -976,9 +981,8 @@ def _backward_step_ncs(act, mode):
         ``v``'s coefficients (``variant_y``: ``MODE_Y``, which this kernel of
         ``MODE_XHAT_FROM_Y`` runs with ``p = 1``, ``q = 0``), the reductions, the per-channel
         gradients and, unless ``coef`` is None, the input gradient over ``dz`` while the block
-        is in cache (its element-wise
-        arithmetic compiled with the reductions' reassociation and contraction, so it may
-        differ from :func:`_backward_input_ncs` in the last bit). Each channel's sums run over
+        is in cache (its element-wise arithmetic compiled with the reductions' reassociation
+        and contraction, so it may differ from :func:`_backward_input_ncs` in the last bit). Each channel's sums run over
         its rows in the order of the batch, as in :func:`_reduce_ncs`, whatever ``block`` is."""
         n, c, _ = z.shape
         pq = compute_empty((2, c), z)
@@ -1075,7 +1079,7 @@ def _backward_step(z, dz, x, state, act, slope, mode, training, input_grad, para
     dweight = np.empty(channels, param_dtype) if has_weight else None
     dbias = np.empty(channels, param_dtype) if has_bias else None
     from_x, variant_y = mode == MODE_XHAT_FROM_X, mode == MODE_Y
-    kernel_mode = MODE_XHAT_FROM_Y if variant_y else mode  # p = 1, q = 0 below (_kernel_mode)
+    kernel_mode = _compiled_mode(mode)  # variant_y: p = 1, q = 0 (_channel_value_coefficients)
     if z.dim() == 3 and not _empty(z):
         threads = _follow_torch_threads()
         block = _channel_block(z, 2 if x is None else 3, threads)  # z, dz (and x)
