@@ -40,17 +40,18 @@ model trained under autocast). Layouts: contiguous and channels-last inputs are 
 (the kernels' ``(N, C, S)`` and ``(M, C)`` views); any other layout, and an incoming gradient
 laid out unlike the output, is copied once into a canonical view.
 
-Two paths run the same kernels (:func:`whole_steps` picks one). Where the kernels run eagerly
-on tensors with data, the forward and the backward are one call each into the kernel backend
-(``forward_step``, ``backward_step``): the kernels and the per-channel arithmetic of
-:mod:`layers.kernels.per_channel` back to back, as compiled loops on the CPU and as kernels
-of their own on CUDA (2 to 4 launches each, no torch operator in between). Everywhere else
-every kernel call goes through the custom operators of :mod:`layers.ops`, and the per-channel
-arithmetic runs as torch operators: the operators' fake implementations let these functions
-run on ``FakeTensorMode`` and ``meta`` tensors (shapes only) and under
-``torch.compile(fullgraph=True)``, and synchronised layers take this path too. The value
-checks that need data (the ``scale_mode="bn"`` check above) are skipped on tensors without
-values.
+Two paths run the same kernels (:func:`whole_steps` picks one). Normally the forward and the
+backward are one call each into the kernel backend (``forward_step``, ``backward_step``): the
+kernels and the per-channel arithmetic of :mod:`layers.kernels.per_channel` back to back, as
+compiled loops on the CPU and as kernels of their own on CUDA (2 to 4 launches each, no torch
+operator in between). Synchronised layers, and layers whose per-channel tensors are not of one
+dtype, float32 or float64, call the kernels one by one with the per-channel arithmetic as torch
+operators between them (the reductions summed over the ranks there). Either way every call
+goes through a custom operator of :mod:`layers.ops` (directly, without the dispatcher, on
+plain eager tensors): the operators' fake implementations let these functions run on
+``FakeTensorMode`` and ``meta`` tensors (shapes only) and under
+``torch.compile(fullgraph=True)``. The value checks that need data (the ``scale_mode="bn"``
+check above) are skipped on tensors without values.
 """
 import math
 import threading
@@ -368,27 +369,28 @@ def _empty_like_layout(x, layout):
 # --------------------------------------------------------------------------- per-channel steps
 # The per-channel arithmetic around the kernels (scale and shift, statistics, running averages,
 # the backward's coefficients) is that of :mod:`layers.kernels.per_channel`, run one of two
-# ways: as torch operators on vectors of C values, or, where the kernels run eagerly, inside
-# the backend's whole forward or backward step (``forward_step``, ``backward_step`` of
-# :mod:`layers.kernels.cpu`: one compiled loop over the channels; of :mod:`layers.kernels.cuda`:
-# one kernel launch). Each torch operator on a few dozen values costs microseconds of host
-# time whatever its size; the two dozen of them, and the Python between separate kernel calls,
-# cost more than the kernels on small tensors, and on a GPU at any size.
+# ways: inside the backend's whole forward or backward step (``forward_step``,
+# ``backward_step`` of :mod:`layers.kernels.cpu`: one compiled loop over the channels; of
+# :mod:`layers.kernels.cuda`: one kernel launch), or, where a synchronised layer sums over its
+# ranks between the kernels, as torch operators on vectors of C values. Each torch operator on
+# a few dozen values costs microseconds of host time whatever its size (much more on ``meta``,
+# where many run torch's Python decompositions); the two dozen of them, and the Python between
+# separate kernel calls, cost more than the kernels on small tensors, and on a GPU at any size.
 #: Dtypes of the per-channel tensors (weight, bias, running statistics) of the whole steps.
 STEP_VECTOR_DTYPES = (torch.float32, torch.float64)
 
 
-def whole_steps(x, group=None, vectors=()):
-    """Whether a forward or backward on ``x`` runs as one call into its kernel backend (the
-    kernels and the per-channel arithmetic back to back), not through the operators of
-    :mod:`layers.ops` with the per-channel steps as torch operators.
+def whole_steps(group=None, vectors=()):
+    """Whether a forward or backward runs as one whole step of its kernel backend (the kernels
+    and the per-channel arithmetic back to back, one operator of :mod:`layers.ops`), not as
+    the per-kernel operators with the per-channel steps as torch operators between them.
 
-    It does where ``x``'s kernels are called directly (:func:`layers.ops.runs_directly`: not
-    fake, not on ``meta``, not under ``torch.compile`` or a ``TorchDispatchMode``), no
-    ``group`` is synchronised and the per-channel ``vectors`` (weight, bias, running
-    statistics; ``None`` where absent) are of one dtype, float32 or float64.
+    It does unless ``group`` is synchronised (the per-channel steps then sum over the ranks
+    between the kernels) or the per-channel ``vectors`` (weight, bias, running statistics;
+    ``None`` where absent) are not of one dtype, float32 or float64 (the backends' steps read
+    them as one dtype).
     """
-    if not ops.runs_directly(x) or distributed.active(group):
+    if distributed.active(group):
         return False
     dtype = None
     for vector in vectors:  # a loop, not all() over a generator: called twice per step
@@ -400,12 +402,6 @@ def whole_steps(x, group=None, vectors=()):
             elif vector.dtype is not dtype:  # torch dtypes are singletons
                 return False
     return True
-
-
-def _flags(**flags):
-    """The device flags (``skip``, ``poison``) that are set, as keywords of a backend's whole
-    step: only the CUDA backend takes them (``DEVICE_GUARD``), and only it is ever given one."""
-    return {name: flag for name, flag in flags.items() if flag is not None}
 
 
 def scale_and_shift(weight, bias, channels, eps, scale_mode, like):
@@ -467,13 +463,15 @@ def normalize_activate_into(x, out, weight, bias, running_mean, running_var, tra
     out_view = view if out is x else _view(out, layout)
     channels = x.shape[1]
     count = view.numel() // channels
-    if whole_steps(x, group, (weight, bias, running_mean, running_var)):
+    if whole_steps(group, (weight, bias, running_mean, running_var)):
         if training:
             _check_count(count, view)
-        state = backend(x).forward_step(view, out_view, weight, bias, running_mean,
-                                        running_var, training, momentum, eps, act, slope,
-                                        scale_mode == "abs", **_flags(skip=skip))
-        ops.count_write(out_view)
+        step = (weight, bias, running_mean, running_var, training, momentum, eps, act, slope,
+                scale_mode == "abs")
+        if out_view is view:
+            state = ops.forward_step_(view, *step, skip)
+        else:
+            state = ops.forward_step_out(view, out_view, *step)
         _write_back(out, out_view, layout)
         return state
     gamma, beta, dgamma_dweight = scale_and_shift(weight, bias, channels, eps, scale_mode, x)
@@ -503,13 +501,24 @@ def normalize_activate_into(x, out, weight, bias, running_mean, running_var, tra
     counts = torch.full_like(mean, float(count))
     channel = torch.stack([gamma, beta, dgamma_dweight, mean, rstd, counts])
     if not applied:
-        _apply(view, out_view, channel, act, slope, skip)
+        _apply(view, out_view, apply_coefficients(channel, view.dtype), act, slope, skip)
     _write_back(out, out_view, layout)
     return channel
 
 
-def reapply_into(x, out, channel, act, slope):
-    """Recompute ``out = act(BN(x))`` with the statistics stored in ``channel``.
+def apply_coefficients(channel, dtype):
+    """``(a, b)`` with ``act(x * a + b) = act(BN(x))`` for the per-channel state ``channel``
+    (:func:`normalize_activate_into`), in the compute dtype of data of ``dtype``: what
+    :func:`reapply_into` takes."""
+    gamma, beta, _, mean, rstd, _ = channel
+    compute = codecs.compute_dtype(dtype)
+    return tuple(v.to(compute) for v in per_channel.scale_shift(gamma, beta, mean, rstd))
+
+
+def reapply_into(x, out, coefficients, act, slope):
+    """Recompute ``out = act(BN(x))`` with the statistics stored in a forward's state, given as
+    its :func:`apply_coefficients` (per channel, so a caller recomputing a layer in channel
+    slices makes them once and slices them).
 
     For layers that drop BN outputs and recompute them in backward (shared-storage DenseNet):
     nothing is re-estimated and the running statistics are left alone.
@@ -517,16 +526,15 @@ def reapply_into(x, out, channel, act, slope):
     layout = _layout(x) or "ncs"
     view = _view(x, layout)
     out_view = view if out is x else _view(out, layout)
-    _apply(view, out_view, channel, act, slope)
+    _apply(view, out_view, coefficients, act, slope)
     _write_back(out, out_view, layout)
 
 
-def _apply(view, out_view, channel, act, slope, skip=None):
-    """``out = act(gamma * (x - mean) * rstd + beta)`` on canonical views (``skip``: that of
-    :func:`normalize_activate_into`, in place only)."""
-    gamma, beta, _, mean, rstd, _ = channel
-    compute = codecs.compute_dtype(view.dtype)
-    a, b = (v.to(compute) for v in per_channel.scale_shift(gamma, beta, mean, rstd))
+def _apply(view, out_view, coefficients, act, slope, skip=None):
+    """``out = act(x * a + b)`` on canonical views, ``(a, b)`` the
+    :func:`apply_coefficients` (``skip``: that of :func:`normalize_activate_into`, in place
+    only)."""
+    a, b = coefficients
     if out_view is view:
         ops.scale_shift_act_(view, a, b, act, slope, skip)
     else:
@@ -601,17 +609,15 @@ def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True, poison
     z_view, dz_view = _view(z, layout), _view(dz, layout)
     reuse_dz = dz_owned or not _is_in(dz, layout)  # owned, or a copy made here
     x_view = None if x is None else _view(x, layout)
-    if whole_steps(z, spec.group) and spec.param_dtype in STEP_VECTOR_DTYPES:
+    if whole_steps(spec.group) and spec.param_dtype in STEP_VECTOR_DTYPES:
         if input_grad and not reuse_dz:
             dz_view = dz_view.clone()
-        dweight, dbias = backend(z).backward_step(
-            z_view, dz_view, x_view, channel, spec.act, spec.slope, spec.mode, spec.training,
-            input_grad, spec.param_dtype, spec.has_weight, spec.has_bias,
-            **_flags(poison=poison))
-        # dz_view, when written, is this backward's own (owned, or a copy): no one else can
-        # see its version, which is left alone.
+        step = ops.backward_step_ if input_grad else ops.parameter_gradients_step
+        dweight, dbias = step(z_view, dz_view, x_view, channel, spec.act, spec.slope,
+                              spec.mode, spec.training, spec.param_dtype, spec.has_weight,
+                              spec.has_bias, poison)
         dx = _unview(dz_view, layout, z.shape) if input_grad else None
-        return dx, dweight, dbias
+        return (dx, dweight if spec.has_weight else None, dbias if spec.has_bias else None)
     compute = codecs.compute_dtype(z.dtype)
     variant_y = spec.mode == common.MODE_Y
     gamma, beta, dgamma_dweight, mean, rstd, _ = channel

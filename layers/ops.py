@@ -1,10 +1,11 @@
 """The numba kernels as PyTorch custom operators (``torch.ops.layers.*``).
 
 Every kernel call of :mod:`layers.functional` goes through one of these operators
-(:class:`KernelOperator`), in eager mode as under ``torch.compile``, except where the kernels
-run eagerly on tensors with data: there a layer's forward and backward are one call each into
-the kernel backend (:func:`layers.functional.whole_steps`). As operators they have what the
-numba calls alone lack:
+(:class:`KernelOperator`), in eager mode as under ``torch.compile``: a layer's whole forward
+or backward as one operator (``forward_step_``, ``backward_step_``, ...: the kernels and the
+per-channel arithmetic back to back in the kernel backend), or, for synchronised layers and
+mixed per-channel dtypes (:func:`layers.functional.whole_steps`), one operator per kernel. As
+operators they have what the numba calls alone lack:
 
 * a *fake* implementation (output shapes, dtypes and devices, no data), so the layers run on
   ``FakeTensorMode`` tensors and on the ``meta`` device: the simulated-memory measurements of
@@ -19,8 +20,8 @@ calls the implementation directly (bumping the version counters of what it mutat
 operator would): the same function runs either way.
 
 The operators work on the canonical kernel views of :mod:`layers.kernels.common` (``(N, C, S)``
-contiguous, or ``(M, C)`` for channels-last tensors) with float64 per-channel vectors, as the
-kernels do. Autograd is not registered on them: it lives in the autograd functions of
+contiguous, or ``(M, C)`` for channels-last tensors) with per-channel vectors as the kernel
+backends take them. Autograd is not registered on them: it lives in the autograd functions of
 :mod:`layers.functional`, whose forward and backward call these operators (and which
 ``torch.compile`` traces). ``torch.library.register_autograd`` takes functional operators only,
 and the in-place forward, the point of InPlace-ABN, mutates its input.
@@ -86,7 +87,9 @@ class KernelOperator:
             return self.operator(*args, **kwargs)
         result = self.implementation(*args, **kwargs)
         for index, name in self._mutated:
-            count_write(args[index] if index < len(args) else kwargs[name])
+            mutated = args[index] if index < len(args) else kwargs.get(name)
+            if mutated is not None:  # an optional argument left out (running statistics)
+                count_write(mutated)
         return result
 
 
@@ -225,6 +228,108 @@ def _(z, dz, x, p, q, coef, act, slope, v_mode):
     _channels(z)
 
 
-#: Every operator of this module, for tests and ``torch.library.opcheck``.
+# --------------------------------------------------------------------------- whole steps
+# A layer's whole forward or backward (the kernels above and the per-channel arithmetic around
+# them, :mod:`layers.kernels.per_channel`) as one operator: under fake tensors, ``meta``, a
+# ``TorchDispatchMode`` or ``torch.compile`` a step is then one operator instead of a few
+# kernel operators and a few dozen torch operators on vectors of C values (on ``meta`` many of
+# those run torch's Python decompositions), which is what makes a simulated paper-sized step
+# take seconds rather than minutes. ``weight``, ``bias``, ``running_mean``, ``running_var``:
+# ``None`` or tensors of one dtype, float32 or float64 (:func:`layers.functional.whole_steps`).
+def _state(view):
+    """The (6, C) float64 per-channel state a forward step returns, as a fake tensor."""
+    return _per_channel(view, rows=6)
+
+
+@_operator(("x", "running_mean", "running_var"))
+def forward_step_(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
+                  running_mean: Optional[Tensor], running_var: Optional[Tensor], training: bool,
+                  momentum: float, eps: float, act: int, slope: float, abs_mode: bool,
+                  skip: Optional[Tensor] = None) -> Tensor:
+    """The forward of BN + activation in place (``x = act(gamma * x_hat + beta)``), the running
+    statistics updated in training; returns the (6, C) float64 per-channel state (the
+    backends' ``forward_step``)."""
+    return backend(x).forward_step(x, x, weight, bias, running_mean, running_var, training,
+                                   momentum, eps, act, slope, abs_mode, **_guard(skip))
+
+
+@forward_step_.register_fake
+def _(x, weight, bias, running_mean, running_var, training, momentum, eps, act, slope,
+      abs_mode, skip=None):
+    return _state(x)
+
+
+@_operator(("out", "running_mean", "running_var"))
+def forward_step_out(x: Tensor, out: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
+                     running_mean: Optional[Tensor], running_var: Optional[Tensor],
+                     training: bool, momentum: float, eps: float, act: int, slope: float,
+                     abs_mode: bool) -> Tensor:
+    """:func:`forward_step_` into ``out`` (a view shaped like ``x``, not overlapping it)."""
+    return backend(x).forward_step(x, out, weight, bias, running_mean, running_var, training,
+                                   momentum, eps, act, slope, abs_mode)
+
+
+@forward_step_out.register_fake
+def _(x, out, weight, bias, running_mean, running_var, training, momentum, eps, act, slope,
+      abs_mode):
+    return _state(x)
+
+
+def _parameter_gradients(z, dz, x, state, act, slope, v_mode, training, input_grad,
+                         param_dtype, has_weight, has_bias, poison):
+    """The backends' ``backward_step``, with an empty tensor for a gradient left out (an
+    operator returns tensors, never ``None``)."""
+    gradients = backend(z).backward_step(z, dz, x, state, act, slope, v_mode, training,
+                                         input_grad, param_dtype, has_weight, has_bias,
+                                         **({} if poison is None else {"poison": poison}))
+    return tuple(state.new_empty(0, dtype=param_dtype) if g is None else g for g in gradients)
+
+
+def _fake_parameter_gradients(state, param_dtype, has_weight, has_bias):
+    channels = state.shape[1]
+    return tuple(state.new_empty(channels if present else 0, dtype=param_dtype)
+                 for present in (has_weight, has_bias))
+
+
+@_operator(("dz",))
+def backward_step_(z: Tensor, dz: Tensor, x: Optional[Tensor], state: Tensor, act: int,
+                   slope: float, v_mode: int, training: bool, param_dtype: torch.dtype,
+                   has_weight: bool, has_bias: bool,
+                   poison: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """The backward of BN + activation given the forward's ``state``: writes the input
+    gradient over ``dz`` (which the caller owns) and returns ``(dweight, dbias)`` of
+    ``param_dtype``, each empty where ``has_weight`` / ``has_bias`` is false. ``v_mode`` is
+    the ``common.MODE_*`` code (see :func:`backward_input_` for the name)."""
+    return _parameter_gradients(z, dz, x, state, act, slope, v_mode, training, True,
+                                param_dtype, has_weight, has_bias, poison)
+
+
+@backward_step_.register_fake
+def _(z, dz, x, state, act, slope, v_mode, training, param_dtype, has_weight, has_bias,
+      poison=None):
+    _channels(z)
+    return _fake_parameter_gradients(state, param_dtype, has_weight, has_bias)
+
+
+@_operator(())
+def parameter_gradients_step(z: Tensor, dz: Tensor, x: Optional[Tensor], state: Tensor,
+                             act: int, slope: float, mode: int, training: bool,
+                             param_dtype: torch.dtype, has_weight: bool, has_bias: bool,
+                             poison: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """:func:`backward_step_` without the input gradient (nothing is written)."""
+    return _parameter_gradients(z, dz, x, state, act, slope, mode, training, False,
+                                param_dtype, has_weight, has_bias, poison)
+
+
+@parameter_gradients_step.register_fake
+def _(z, dz, x, state, act, slope, mode, training, param_dtype, has_weight, has_bias,
+      poison=None):
+    _channels(z)
+    return _fake_parameter_gradients(state, param_dtype, has_weight, has_bias)
+
+
+#: Every per-kernel operator of this module, for tests and ``torch.library.opcheck``.
 OPERATORS = (moments, moments_normalize_act_, moments_normalize_act_out, scale_shift_act_,
              scale_shift_act_out, backward_reduce, backward_input, backward_input_)
+#: The whole-step operators.
+STEP_OPERATORS = (forward_step_, forward_step_out, backward_step_, parameter_gradients_step)

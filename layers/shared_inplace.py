@@ -43,9 +43,9 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from .functional import (BackwardSpec, check_activation, check_invertible_scale, has_values,
-                         normalize_activate_backward, normalize_activate_into, reapply_into,
-                         scale_and_shift)
+from .functional import (BackwardSpec, apply_coefficients, check_activation,
+                         check_invertible_scale, has_values, normalize_activate_backward,
+                         normalize_activate_into, reapply_into, scale_and_shift)
 from .kernels import codecs, common
 from .shared_storage import conv_dtype, conv_grads, norm_spec
 
@@ -182,14 +182,19 @@ class _ChunkedNormActHead(torch.autograd.Function):
         if spec is not None:
             backward_spec = BackwardSpec.of(common.MODE_Y, spec.act, spec.slope, spec.training,
                                             spec.group, norm_weight, norm_bias)
+            # Per-channel values for all chunks at once: the per-channel steps cost per call,
+            # whatever the channel count, and a layer has as many chunks as its input has
+            # bottleneck widths of channels.
+            layer_state = _channel_state(norm_weight, norm_bias, state, spec, features[0])
+            a, b = apply_coefficients(layer_state, features[0].dtype)
         head_grads, weight_grads, bias_grads = [], [], []
         pieces = [[] for _ in features]
         for chunk, (lo, hi) in zip(ctx.plan, _bounds(ctx.plan)):
             y = _fill(ctx.storage, features, chunk, writable=spec is not None)
             if spec is not None:  # recomputed in place, running statistics untouched
-                channel = _channel_state(_part(norm_weight, lo, hi), _part(norm_bias, lo, hi),
-                                         state[:, lo:hi], spec, y)
-                reapply_into(y, y, channel, spec.act, spec.slope)
+                # the kernels take a contiguous state (a copy unless one chunk has it all)
+                channel = layer_state[:, lo:hi].contiguous()
+                reapply_into(y, y, (a[lo:hi], b[lo:hi]), spec.act, spec.slope)
             dy, dhead = head.backward(grad_out, y, head_weight, lo, hi, ctx.head_dtype,
                                       feature_grad or norm_grad, needs[4])
             head_grads.append(dhead)
@@ -214,8 +219,8 @@ class _ChunkedNormActHead(torch.autograd.Function):
 
 
 def _channel_state(weight, bias, saved, spec, like):
-    """The full (6, C) per-channel state of a chunk: the scale and shift rebuilt from its
-    ``weight`` and ``bias`` slices beside the ``saved`` ``[mean, rstd, count]`` rows."""
+    """The full (6, C) per-channel state of a call: the scale and shift rebuilt from its
+    ``weight`` and ``bias`` beside the ``saved`` ``[mean, rstd, count]`` rows."""
     gamma, beta, dgamma_dweight = scale_and_shift(weight, bias, saved.shape[1], spec.eps,
                                                   spec.scale_mode, like)
     return torch.cat([torch.stack([gamma, beta, dgamma_dweight]), saved])

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from .abn import ABN, batch_norm_arguments
-from .functional import (BackwardSpec, check_activation, normalize_activate_backward,
-                         normalize_activate_into, reapply_into)
+from .functional import (BackwardSpec, apply_coefficients, check_activation,
+                         normalize_activate_backward, normalize_activate_into, reapply_into)
 from .kernels import common
 
 
@@ -226,7 +226,7 @@ class _ConcatNormActConv(torch.autograd.Function):
         if channel is not None:  # recomputed into storage 2, running statistics untouched
             spec = ctx.backward_spec
             y = ctx.storages.normalized.view(x.shape, x)
-            reapply_into(x, y, channel, spec.act, spec.slope)
+            reapply_into(x, y, apply_coefficients(channel, x.dtype), spec.act, spec.slope)
         dy, dconv = conv_grads(grad_out, y, conv_weight, ctx.stride, ctx.padding,
                                 feature_grad or norm_grad, needs[4], ctx.conv_dtype)
         dnorm_weight = dnorm_bias = None

@@ -4,6 +4,7 @@ The references are independent of the operators' fake implementations: eager run
 tensors (shapes, dtypes, strides and what autograd saves) and eager results (values,
 gradients, running statistics) for ``torch.compile``.
 """
+import contextlib
 import copy
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from layers import ABN, InPlaceABN, densenet, ops
+from layers import ABN, InPlaceABN, densenet, functional, ops
 from layers.kernels import common
 from layers.residual import NormAct, PreActBlock
 
@@ -140,6 +141,33 @@ def op_samples():
             yield ops.backward_reduce, (z, dz, source, p, q, act, slope, mode)
             yield ops.backward_input, (z, dz, source, p, q, coef, act, slope, mode)
             yield ops.backward_input_, (z, dz.clone(), source, p, q, coef, act, slope, mode)
+        yield from step_samples(x, rand, act, slope)
+
+
+def step_samples(x, rand, act, slope):
+    """``(operator, args)`` of the whole-step operators on the canonical view ``x``: training
+    and eval, with and without affine parameters and running statistics."""
+    c = x.shape[1]
+    weight, bias = rand(c, dtype=torch.float32).abs() + 0.5, rand(c, dtype=torch.float32)
+    running = (rand(c, dtype=torch.float32), rand(c, dtype=torch.float32).abs() + 0.5)
+    for training, vectors in ((True, (weight, bias) + running), (True, (None,) * 4),
+                              (False, (None, None) + running)):
+        step = (training, 0.1, 1e-5, act, slope, True)
+        yield ops.forward_step_, (x.clone(), *(clone(v) for v in vectors), *step)
+        yield ops.forward_step_out, (x, torch.empty_like(x), *(clone(v) for v in vectors),
+                                     *step)
+        z = x.clone()
+        state = ops.forward_step_(z, *(clone(v) for v in vectors), *step)
+        dz = rand(*x.shape, dtype=x.dtype)
+        has = (vectors[0] is not None, vectors[1] is not None)
+        for mode in (common.MODE_Y, common.MODE_XHAT_FROM_Y):
+            backward = (act, slope, mode, training, torch.float32, *has)
+            yield ops.backward_step_, (z, dz.clone(), None, state, *backward)
+            yield ops.parameter_gradients_step, (z, dz, None, state, *backward)
+
+
+def clone(t):
+    return None if t is None else t.clone()
 
 
 @pytest.mark.parametrize("op,args", list(op_samples()),
@@ -149,7 +177,7 @@ def test_opcheck(op, args):
 
 
 def test_every_operator_is_checked():
-    assert {op for op, _ in op_samples()} == set(ops.OPERATORS)
+    assert {op for op, _ in op_samples()} == set(ops.OPERATORS + ops.STEP_OPERATORS)
 
 
 # --------------------------------------------------------------------------- torch.compile
@@ -194,8 +222,7 @@ def test_compiled_resnext_block_with_inplace_abn_matches_eager():
 # --------------------------------------------------------------------------- eager calls
 class _PassThrough(torch.utils._python_dispatch.TorchDispatchMode):
     """A dispatch mode that changes nothing: under it the operators run through the
-    dispatcher and the per-channel steps as torch operators (:func:`layers.functional
-    .whole_steps`), the path taken under fake tensors, ``meta`` and ``torch.compile``."""
+    dispatcher, as under fake tensors, ``meta`` and ``torch.compile``."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))
@@ -225,18 +252,36 @@ def test_overwriting_a_tensor_saved_by_another_operation_is_caught_by_autograd()
         out.sum().backward()
 
 
+def _run_step(layer, x, grad, path, monkeypatch):
+    """Output, gradients and running statistics of one step of a copy of ``layer`` taken by
+    ``path``: ``"direct"`` (the whole-step operators called without the dispatcher),
+    ``"dispatched"`` (the same operators through the dispatcher, under a pass-through
+    dispatch mode) or ``"per-kernel"`` (the per-kernel operators with the per-channel steps as
+    torch operators, the path of synchronised layers)."""
+    layer = copy.deepcopy(layer)
+    base = x.clone().requires_grad_(True)
+    with monkeypatch.context() as patch:
+        if path == "per-kernel":
+            patch.setattr(functional, "whole_steps", lambda group=None, vectors=(): False)
+        with _PassThrough() if path == "dispatched" else contextlib.nullcontext():
+            out = layer(base.clone())
+            out.backward(grad)
+    return [out.detach(), base.grad, layer.weight.grad, layer.bias.grad, layer.running_mean,
+            layer.running_var]
+
+
 @pytest.mark.parametrize("cls,variant", [(InPlaceABN, "I"), (InPlaceABN, "II"), (ABN, None)])
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("channels", [SHAPE[1], 40], ids=["few-channels", "fused"])
-def test_whole_steps_equal_the_operators_and_torch_per_channel_steps(cls, variant, training,
-                                                                     layout, channels):
-    """The eager CPU path (``cpu.forward_step`` and ``backward_step``: the kernels and the
-    per-channel arithmetic as compiled loops, in one call each where the view allows) against
-    the custom operators and the same formulas as torch operators (under a pass-through
-    dispatch mode): output, gradients and running statistics, in float64 and float32 (a
-    float32 layer's parameters, statistics and gradients), scale modes ``abs`` and ``bn``.
-    From 32 channels on, the in-place training forward fuses statistics and output per
+def test_whole_steps_equal_the_per_kernel_operators_and_torch_per_channel_steps(
+        cls, variant, training, layout, channels, monkeypatch):
+    """The whole steps (``cpu.forward_step`` and ``backward_step``: the kernels and the
+    per-channel arithmetic as compiled loops, in one call each where the view allows), called
+    directly and through the dispatcher, against the per-kernel operators with the same
+    formulas as torch operators: output, gradients and running statistics, in float64 and
+    float32 (a float32 layer's parameters, statistics and gradients), scale modes ``abs`` and
+    ``bn``. From 32 channels on, the in-place training forward fuses statistics and output per
     channel (``fused``)."""
     shape = (SHAPE[0], channels) + SHAPE[2:]
     for dtype, scale_mode in ((torch.float64, "abs"), (torch.float32, "bn")):
@@ -252,38 +297,45 @@ def test_whole_steps_equal_the_operators_and_torch_per_channel_steps(cls, varian
             layer.weight.uniform_(0.5, 1.5, generator=generator)
             layer.bias.uniform_(-1, 1, generator=generator)
             layer.running_var.uniform_(0.5, 2, generator=generator)
-        results = []
-        for mode in (None, _PassThrough()):
-            copy_ = copy.deepcopy(layer)
-            base = x.clone().requires_grad_(True)
-            if mode is None:
-                out = copy_(base.clone())
-                out.backward(grad)
-            else:
-                with mode:
-                    out = copy_(base.clone())
-                    out.backward(grad)
-            results.append([out.detach(), base.grad, copy_.weight.grad, copy_.bias.grad,
-                            copy_.running_mean, copy_.running_var])
-        for compiled, operators in zip(*results):
-            torch.testing.assert_close(compiled, operators)
+        reference = _run_step(layer, x, grad, "per-kernel", monkeypatch)
+        for path in ("direct", "dispatched"):
+            for got, expected in zip(_run_step(layer, x, grad, path, monkeypatch), reference):
+                torch.testing.assert_close(got, expected)
 
 
 def test_whole_steps_take_per_channel_tensors_of_one_float32_or_float64_dtype():
     """The backends' whole steps read the weight, bias and running statistics as one dtype
-    (the CUDA kernels are compiled per parameter dtype); anything else, and a synchronised or
-    traced call, runs through the operators."""
-    from layers.functional import whole_steps
-
-    x = torch.zeros(2, 3, 4)
+    (the CUDA kernels are compiled per parameter dtype); anything else runs through the
+    per-kernel operators."""
     f32, f64 = torch.zeros(3), torch.zeros(3, dtype=torch.float64)
-    assert whole_steps(x, None, (f32, f32, None, None))
-    assert whole_steps(x, None, (None, None, f64, f64))
-    assert not whole_steps(x, None, (f64, f64, f32, f32))
-    assert not whole_steps(x, None, (f32.half(), None, None, None))
-    assert not whole_steps(torch.zeros(2, 3, 4, device="meta"), None, (f32, f32, None, None))
-    with _PassThrough():
-        assert not whole_steps(x, None, (f32, f32, None, None))
+    assert functional.whole_steps(None, (f32, f32, None, None))
+    assert functional.whole_steps(None, (None, None, f64, f64))
+    assert not functional.whole_steps(None, (f64, f64, f32, f32))
+    assert not functional.whole_steps(None, (f32.half(), None, None, None))
+
+
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "no-affine"])
+def test_a_step_on_meta_or_under_a_dispatch_mode_is_one_operator_each_way(affine):
+    """A training step of an in-place layer seen by the dispatcher (fake tensors, ``meta``,
+    the memory tracker, ``torch.compile``): the layer's forward and backward are one whole-step
+    operator each, and no per-channel torch operator runs around them."""
+    seen = []
+
+    class Recorder(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    layer = InPlaceABN(3, affine=affine).to("meta")
+    x = torch.empty(2, 3, 4, 4, device="meta", requires_grad=True)
+    with Recorder():
+        out = layer(x * 1.0)
+        out.backward(torch.empty_like(out))
+    layer_ops = [name for name in seen if name.startswith("layers.")]
+    assert layer_ops == ["layers.forward_step_", "layers.backward_step_"]
+    assert not {"aten.stack", "aten.abs", "aten.rsqrt", "aten.where"} & set(seen)
+    if affine:
+        assert layer.weight.grad.shape == layer.bias.grad.shape == (3,)
 
 
 def test_mixed_parameter_dtypes_give_the_same_step_as_one_dtype():
