@@ -371,11 +371,12 @@ def _empty_like_layout(x, layout):
 # the backward's coefficients) is that of :mod:`layers.kernels.per_channel`, run one of two
 # ways: inside the backend's whole forward or backward step (``forward_step``,
 # ``backward_step`` of :mod:`layers.kernels.cpu`: one compiled loop over the channels; of
-# :mod:`layers.kernels.cuda`: one kernel launch), or, where a synchronised layer sums over its
-# ranks between the kernels, as torch operators on vectors of C values. Each torch operator on
-# a few dozen values costs microseconds of host time whatever its size (much more on ``meta``,
-# where many run torch's Python decompositions); the two dozen of them, and the Python between
-# separate kernel calls, cost more than the kernels on small tensors, and on a GPU at any size.
+# :mod:`layers.kernels.cuda`: one kernel launch), or, for synchronised layers (which sum over
+# their ranks between the kernels) and mixed per-channel dtypes, as torch operators on vectors
+# of C values between the per-kernel operators. Each torch operator on a few dozen values
+# costs microseconds of host time whatever its size (much more on ``meta``, where many run
+# torch's Python decompositions); the two dozen of them, and the Python between separate kernel
+# calls, cost more than the kernels on small tensors, and on a GPU at any size.
 #: Dtypes of the per-channel tensors (weight, bias, running statistics) of the whole steps.
 STEP_VECTOR_DTYPES = (torch.float32, torch.float64)
 

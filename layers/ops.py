@@ -28,6 +28,8 @@ and the in-place forward, the point of InPlace-ABN, mutates its input.
 
 ``skip``: ``None`` or a ``(1,)`` bool tensor on the device, for the kernels that guard their
 writes with it (the CUDA kernels, ``DEVICE_GUARD``): while it holds ``True`` they write nothing.
+``poison``, of the backward steps: a flag of the same kind; while it holds ``True`` every
+gradient is NaN.
 """
 import functools
 from typing import Optional
@@ -275,8 +277,8 @@ def _(x, out, weight, bias, running_mean, running_var, training, momentum, eps, 
     return _state(x)
 
 
-def _parameter_gradients(z, dz, x, state, act, slope, v_mode, training, input_grad,
-                         param_dtype, has_weight, has_bias, poison):
+def _backward_step(z, dz, x, state, act, slope, v_mode, training, input_grad, param_dtype,
+                   has_weight, has_bias, poison):
     """The backends' ``backward_step``, with an empty tensor for a gradient left out (an
     operator returns tensors, never ``None``)."""
     gradients = backend(z).backward_step(z, dz, x, state, act, slope, v_mode, training,
@@ -300,8 +302,8 @@ def backward_step_(z: Tensor, dz: Tensor, x: Optional[Tensor], state: Tensor, ac
     gradient over ``dz`` (which the caller owns) and returns ``(dweight, dbias)`` of
     ``param_dtype``, each empty where ``has_weight`` / ``has_bias`` is false. ``v_mode`` is
     the ``common.MODE_*`` code (see :func:`backward_input_` for the name)."""
-    return _parameter_gradients(z, dz, x, state, act, slope, v_mode, training, True,
-                                param_dtype, has_weight, has_bias, poison)
+    return _backward_step(z, dz, x, state, act, slope, v_mode, training, True, param_dtype,
+                          has_weight, has_bias, poison)
 
 
 @backward_step_.register_fake
@@ -317,8 +319,8 @@ def parameter_gradients_step(z: Tensor, dz: Tensor, x: Optional[Tensor], state: 
                              param_dtype: torch.dtype, has_weight: bool, has_bias: bool,
                              poison: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """:func:`backward_step_` without the input gradient (nothing is written)."""
-    return _parameter_gradients(z, dz, x, state, act, slope, mode, training, False,
-                                param_dtype, has_weight, has_bias, poison)
+    return _backward_step(z, dz, x, state, act, slope, mode, training, False, param_dtype,
+                          has_weight, has_bias, poison)
 
 
 @parameter_gradients_step.register_fake
