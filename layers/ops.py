@@ -287,12 +287,6 @@ def _backward_step(z, dz, x, state, act, slope, v_mode, training, input_grad, pa
     return tuple(state.new_empty(0, dtype=param_dtype) if g is None else g for g in gradients)
 
 
-def _fake_parameter_gradients(state, param_dtype, has_weight, has_bias):
-    channels = state.shape[1]
-    return tuple(state.new_empty(channels if present else 0, dtype=param_dtype)
-                 for present in (has_weight, has_bias))
-
-
 @_operator(("dz",))
 def backward_step_(z: Tensor, dz: Tensor, x: Optional[Tensor], state: Tensor, act: int,
                    slope: float, v_mode: int, training: bool, param_dtype: torch.dtype,
@@ -306,28 +300,23 @@ def backward_step_(z: Tensor, dz: Tensor, x: Optional[Tensor], state: Tensor, ac
                           has_weight, has_bias, poison)
 
 
-@backward_step_.register_fake
-def _(z, dz, x, state, act, slope, v_mode, training, param_dtype, has_weight, has_bias,
-      poison=None):
-    _channels(z)
-    return _fake_parameter_gradients(state, param_dtype, has_weight, has_bias)
-
-
 @_operator(())
 def parameter_gradients_step(z: Tensor, dz: Tensor, x: Optional[Tensor], state: Tensor,
-                             act: int, slope: float, mode: int, training: bool,
+                             act: int, slope: float, v_mode: int, training: bool,
                              param_dtype: torch.dtype, has_weight: bool, has_bias: bool,
                              poison: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """:func:`backward_step_` without the input gradient (nothing is written)."""
-    return _backward_step(z, dz, x, state, act, slope, mode, training, False, param_dtype,
+    return _backward_step(z, dz, x, state, act, slope, v_mode, training, False, param_dtype,
                           has_weight, has_bias, poison)
 
 
+@backward_step_.register_fake
 @parameter_gradients_step.register_fake
-def _(z, dz, x, state, act, slope, mode, training, param_dtype, has_weight, has_bias,
+def _(z, dz, x, state, act, slope, v_mode, training, param_dtype, has_weight, has_bias,
       poison=None):
     _channels(z)
-    return _fake_parameter_gradients(state, param_dtype, has_weight, has_bias)
+    return tuple(state.new_empty(state.shape[1] if present else 0, dtype=param_dtype)
+                 for present in (has_weight, has_bias))
 
 
 #: Every per-kernel operator of this module, for tests and ``torch.library.opcheck``.
