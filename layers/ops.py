@@ -116,9 +116,10 @@ def _operator(mutates_args):
     return functools.partial(KernelOperator, mutates_args=mutates_args)
 
 
-def _guard(skip):
-    """The kernels' ``skip`` keyword, given only when there is a flag."""
-    return {} if skip is None else {"skip": skip}
+def _guard(**flags):
+    """The device flags (``skip``, ``poison``) that are set, as keywords of a backend call:
+    only the CUDA backend takes them (``DEVICE_GUARD``), and only it is ever given one."""
+    return {name: flag for name, flag in flags.items() if flag is not None}
 
 
 # --------------------------------------------------------------------------- statistics
@@ -139,7 +140,7 @@ def moments_normalize_act_(x: Tensor, gamma: Tensor, beta: Tensor, eps: float, a
                            slope: float, skip: Optional[Tensor] = None) -> Tensor:
     """The training forward in place: returns the batch's ``[mean, M2]`` and writes
     ``x = act(gamma * (x - mean) / sqrt(M2 / count + eps) + beta)``."""
-    return backend(x).moments_forward(x, x, gamma, beta, eps, act, slope, **_guard(skip))
+    return backend(x).moments_forward(x, x, gamma, beta, eps, act, slope, **_guard(skip=skip))
 
 
 @moments_normalize_act_.register_fake
@@ -165,7 +166,7 @@ def scale_shift_act_(x: Tensor, a: Tensor, b: Tensor, act: int, slope: float,
                      skip: Optional[Tensor] = None) -> None:
     """``x = act(x * a + b)`` per channel, in place (``a``, ``b`` in the compute dtype of
     ``x``: float32 for 16-bit data)."""
-    backend(x).forward(x, x, a, b, act, slope, **_guard(skip))
+    backend(x).forward(x, x, a, b, act, slope, **_guard(skip=skip))
 
 
 @scale_shift_act_.register_fake
@@ -252,7 +253,7 @@ def forward_step_(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
     statistics updated in training; returns the (6, C) float64 per-channel state (the
     backends' ``forward_step``)."""
     return backend(x).forward_step(x, x, weight, bias, running_mean, running_var, training,
-                                   momentum, eps, act, slope, abs_mode, **_guard(skip))
+                                   momentum, eps, act, slope, abs_mode, **_guard(skip=skip))
 
 
 @forward_step_.register_fake
@@ -283,7 +284,7 @@ def _backward_step(z, dz, x, state, act, slope, v_mode, training, input_grad, pa
     operator returns tensors, never ``None``)."""
     gradients = backend(z).backward_step(z, dz, x, state, act, slope, v_mode, training,
                                          input_grad, param_dtype, has_weight, has_bias,
-                                         **({} if poison is None else {"poison": poison}))
+                                         **_guard(poison=poison))
     return tuple(state.new_empty(0, dtype=param_dtype) if g is None else g for g in gradients)
 
 

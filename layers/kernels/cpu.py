@@ -982,8 +982,9 @@ def _backward_step_ncs(act, mode):
         ``MODE_XHAT_FROM_Y`` runs with ``p = 1``, ``q = 0``), the reductions, the per-channel
         gradients and, unless ``coef`` is None, the input gradient over ``dz`` while the block
         is in cache (its element-wise arithmetic compiled with the reductions' reassociation
-        and contraction, so it may differ from :func:`_backward_input_ncs` in the last bit). Each channel's sums run over
-        its rows in the order of the batch, as in :func:`_reduce_ncs`, whatever ``block`` is."""
+        and contraction, so it may differ from :func:`_backward_input_ncs` in the last bit).
+        Each channel's sums run over its rows in the order of the batch, as in
+        :func:`_reduce_ncs`, whatever ``block`` is."""
         n, c, _ = z.shape
         pq = compute_empty((2, c), z)
         _channel_value_coefficients(state, from_x, variant_y, pq)
