@@ -1,23 +1,101 @@
-"""Experiment commands of a test fixture, run side by side as subprocesses."""
+"""Experiment commands of a test fixture, run side by side in forked children of one process
+that has imported them.
+
+A command ``[module, *argv]`` is what ``python -m module argv`` runs: the module's
+``main(argv)``. A fresh ``python -m`` per command would import torch and the experiment each
+time (about 7 s of CPU here, more than a tiny point's measurement); instead one runner process
+(this file as a script) imports each module once and forks a child per command, as many at a
+time as there are cores, each on one thread. The runner only imports before it forks (no
+parallel work, no CUDA), so every child starts from the state a fresh process would have after
+its imports.
+"""
+import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import tempfile
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The longest the runner may take for all of a fixture's commands.
+TIMEOUT_S = 1200
 
 
 def run_modules(commands):
-    """Runs ``python -m <command>`` in the repository root for each command, as many at a time
-    as there are cores, each on one thread (a dozen processes with a thread per core each
-    mostly wait for one another); returns the completed processes, in order."""
+    """Runs each command (``[module, *argv]``) in the repository root as :mod:`side_by_side`'s
+    runner does; returns one ``subprocess.CompletedProcess`` per command, in order, with its
+    exit status and standard error (standard output is discarded)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+    runner = subprocess.run([sys.executable, __file__], input=json.dumps(commands), cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    if runner.returncode != 0:
+        raise RuntimeError(f"the runner failed ({runner.returncode}):\n{runner.stderr[-5000:]}")
+    return [subprocess.CompletedProcess(command, status, None, stderr)
+            for command, (status, stderr) in zip(
+                commands, json.loads(runner.stdout.splitlines()[-1]))]  # the last line
 
-    def run(command):
-        return subprocess.run([sys.executable, "-m", *command], cwd=ROOT, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              timeout=600)
 
-    with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
-        return list(pool.map(run, commands))
+def _exit_status(stop):
+    """The exit status of a process that ended by ``SystemExit`` ``stop``, as Python's (a
+    message is printed to standard error and gives 1)."""
+    if stop.code is None or isinstance(stop.code, int):
+        return stop.code or 0
+    print(stop.code, file=sys.stderr)
+    return 1
+
+
+def _child(module, argv, stderr_path):
+    """In a forked child: ``module.main(argv)`` with standard error to ``stderr_path``; never
+    returns."""
+    status = 1
+    try:
+        with open(os.devnull, "w") as null, open(stderr_path, "w") as err:
+            os.dup2(null.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+        imported = sys.modules[module]
+        sys.argv = [imported.__file__, *argv]
+        imported.main(argv)
+        status = 0
+    except SystemExit as stop:
+        status = _exit_status(stop)
+    except BaseException:  # report everything, as an uncaught exception would
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+
+def _run(commands):
+    """Import the commands' modules, fork a child per command (at most one per core at a
+    time); ``[(exit status, standard error), ...]`` in order."""
+    import importlib
+
+    for module in dict.fromkeys(command[0] for command in commands):
+        importlib.import_module(module)
+    statuses = [None] * len(commands)
+    running = {}
+    with tempfile.TemporaryDirectory() as logs:
+        def reap():
+            pid, wait_status = os.wait()
+            statuses[running.pop(pid)] = os.waitstatus_to_exitcode(wait_status)
+
+        for index, (module, *argv) in enumerate(commands):
+            while len(running) >= (os.cpu_count() or 1):
+                reap()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                _child(module, argv, os.path.join(logs, f"{index}.err"))
+            running[pid] = index
+        while running:
+            reap()
+        return [(status, Path(logs, f"{index}.err").read_text())
+                for index, status in enumerate(statuses)]
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))  # the checkout's modules, as ``python -m`` in ROOT finds them
+    print(json.dumps(_run(json.load(sys.stdin))))

@@ -83,8 +83,8 @@ def test_command_lines():
     top = seg_plan.command("iabn_table2_segmentation",
                            {**specs["resnext101_cityscapes_iabn_fixed_crop"], "device": "cpu"},
                            "data/cs", "w.pt", "cap.json", outputs)
-    assert top.startswith("torchrun --standalone --nproc-per-node=2 -m "
-                          "experiments.iabn_table2_segmentation ")
+    assert top.startswith("python -m experiments.train.launch --standalone "
+                          "--nproc-per-node=2 -m experiments.iabn_table2_segmentation ")
     assert "--capacity cap.json" in top and "--crops" not in top
     assert "--pretrained w.pt" in top and "--model-arg preact=true" in top
     assert "--eval single=1.0:noflip" in top

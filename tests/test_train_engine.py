@@ -1,7 +1,9 @@
 """The training engine (``experiments.train``): schedules against their formulas, top-k and
 ten-crop against hand-computed cases, checkpoints (atomic, ``weights_only``, named errors),
 bit-identical resumption (in process after a crash, and after a real SIGKILL of a subprocess),
-and 2 gloo ranks under ``torchrun`` against one process on the whole batch.
+and 2 gloo ranks against one process on the whole batch, under ``torchrun`` and under the
+pipeline's launcher (``experiments.train.launch``: ranks forked from one import), whose
+refusals and failed ranks are checked too.
 
 The runs are tiny (a two-convolution float64 network with ``layers.InPlaceABNSync``, 8 to 32
 images of 8x8) and shared with ``tests/train_worker.py``, which the subprocesses run.
@@ -22,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from experiments.train import checkpoint, distributed, engine, metrics, schedules
+from experiments.train import checkpoint, distributed, engine, launch, metrics, schedules
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent
@@ -373,19 +375,32 @@ def test_rng_states_round_trip(tmp_path):
     assert got[2] == expected[2]
 
 
-# --- two gloo ranks under torchrun --------------------------------------------------------------
+# --- two gloo ranks under torchrun and under the pipeline's launcher ----------------------------
+#: How each launcher starts ``train_worker`` on two ranks: torchrun on the script (fresh
+#: processes), and experiments.train.launch on the module (ranks forked from one import).
+#: --standalone: the rendezvous picks its own free port (tests run side by side).
+LAUNCHERS = {
+    "torchrun": ["torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                 str(HERE / "train_worker.py")],
+    "launch": ["experiments.train.launch", "--standalone", "--nproc-per-node", "2", "-m",
+               "train_worker"],
+}
 
 
-def _torchrun_worker(mode, out):
-    """Run ``train_worker.py MODE OUT`` under ``torchrun --nproc-per-node 2``; each rank's
-    saved results."""
-    # --standalone: torchrun's rendezvous picks its own free port (tests run side by side).
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", "2", str(HERE / "train_worker.py"), mode, str(out)]
-    result = subprocess.run(cmd, env=_worker_env(), cwd=REPO_ROOT, capture_output=True,
-                            text=True, timeout=TIMEOUT_S)
+def _launch(launcher, *args):
+    """``python -m <launcher> ... train_worker ARGS`` with the tests' directory importable."""
+    env = _worker_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env["PYTHONPATH"]])
+    return subprocess.run([sys.executable, "-m", *LAUNCHERS[launcher], *args], env=env,
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def _two_rank_worker(launcher, mode, out):
+    """Run ``train_worker MODE OUT`` on two ranks under ``launcher``; each rank's saved
+    results."""
+    result = _launch(launcher, mode, str(out))
     if result.returncode != 0:
-        pytest.fail(f"torchrun failed ({result.returncode}):\n{result.stdout[-4000:]}\n"
+        pytest.fail(f"{launcher} failed ({result.returncode}):\n{result.stdout[-4000:]}\n"
                     f"{result.stderr[-6000:]}")
     return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
@@ -394,7 +409,7 @@ def _torchrun_worker(mode, out):
 def ddp_ranks(tmp_path_factory):
     """The DDP classification case on two ranks; each rank's saved results."""
     out = tmp_path_factory.mktemp("ddp")
-    return _torchrun_worker("ddp", out), out
+    return _two_rank_worker("torchrun", "ddp", out), out
 
 
 def test_two_ranks_equal_one_process_on_the_whole_batch(tmp_path, ddp_ranks):
@@ -427,7 +442,7 @@ def test_two_ranks_equal_one_process_on_the_whole_batch(tmp_path, ddp_ranks):
 
 
 def test_two_rank_sync_segmentation_equals_one_process_on_the_whole_batch(tmp_path):
-    ranks = _torchrun_worker("seg_ddp", tmp_path / "ranks")
+    ranks = _two_rank_worker("launch", "seg_ddp", tmp_path / "ranks")
     model, single = W.seg_ddp_run(tmp_path / "single")
     reports = [r["report"] for r in ranks]
     assert [r["per_rank_batch"] for r in reports] == [2, 2] and single["per_rank_batch"] == 4
@@ -443,6 +458,25 @@ def test_two_rank_sync_segmentation_equals_one_process_on_the_whole_batch(tmp_pa
         assert got["val_miou"] == pytest.approx(want["val_miou"], rel=1e-8)
     assert reports[0]["final"]["val"]["count"] == single["final"]["val"]["count"] == 6
     assert reports[1]["final"] == reports[0]["final"]
+
+
+def test_launch_fails_with_the_status_of_a_failed_rank(tmp_path):
+    result = _launch("launch", "no-such-mode", str(tmp_path))
+    assert result.returncode == 1
+    assert "unknown mode 'no-such-mode'" in result.stderr
+    assert "exitcode  : 1" in result.stderr, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--standalone", "--nproc-per-node=2", "train.py"], "pass -m <module>"),
+    (["--standalone", "--nproc-per-node=2", "--run-path", "-m", "json"], "--run-path"),
+    (["--nproc-per-node=2", "-m", "json"], "pass --standalone"),
+    (["--standalone", "--nproc-per-node=2", "-m", "json"], "json has no main(argv)"),
+])
+def test_launch_refuses_what_it_cannot_fork(capsys, argv, message):
+    with pytest.raises(SystemExit) as stop:
+        launch.main(argv)
+    assert message in str(stop.value.code)
 
 
 def test_eval_set_checks_its_arguments():

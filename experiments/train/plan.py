@@ -3,9 +3,12 @@ command line. Importing this module is cheap (no torch): the Snakefile imports i
 
 A training experiment's profile section holds ``defaults`` (a recipe every point shares) and
 ``points`` (point name -> the keys it overrides); :func:`point_specs` merges them, with
-``model_args`` merged key by key (a ``null`` there removes a default argument). :func:`command` turns one point into the shell command that
-trains it: ``python -m experiments.<id> ...`` for one process, ``torchrun --standalone
---nproc-per-node N -m experiments.<id> ...`` for ``nproc`` ranks. :func:`generate_command` is the command of a generated data set.
+``model_args`` merged key by key (a ``null`` there removes a default argument).
+:func:`command` turns one point into the shell command that trains it: ``python -m
+experiments.<id> ...`` for one process, ``python -m experiments.train.launch --standalone
+--nproc-per-node N -m experiments.<id> ...`` for ``nproc`` ranks (``torchrun``'s options and
+agent, the ranks forked from a launcher that imported the module once: :mod:`.launch`).
+:func:`generate_command` is the command of a generated data set.
 """
 import shlex
 
@@ -32,10 +35,12 @@ def model_arg_options(model_args):
 
 
 def launcher(nproc):
-    """``python -m`` for one process, ``torchrun --standalone --nproc-per-node N -m`` else."""
+    """``python -m`` for one process, else :mod:`.launch` (``torchrun`` with the ranks forked
+    from one import of the module) ``--standalone --nproc-per-node N -m``."""
     if nproc == 1:
         return ["python", "-m"]
-    return ["torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m"]
+    return ["python", "-m", "experiments.train.launch", "--standalone",
+            f"--nproc-per-node={nproc}", "-m"]
 
 
 def arguments(spec, data_root):
