@@ -89,8 +89,10 @@ def test_command_lines():
     assert "--pretrained w.pt" in top and "--model-arg preact=true" in top
     assert "--eval single=1.0:noflip" in top
     bottom = seg_plan.command("iabn_table2_segmentation",
-                              {**specs["bottom_cityscapes_cus"], "device": "cpu"},
+                              {**specs["bottom_cityscapes_cus"], "device": "cuda"},
                               "data/cs", "w.pt", None, outputs)
+    assert bottom.startswith("torchrun --standalone --nproc-per-node=2 -m "
+                             "experiments.iabn_table2_segmentation ")
     assert "--crops 2 --crop 176" in bottom and "--class-uniform" in bottom
     assert "--eval ms_flip=1.0,1.25,1.5,1.75,2.0:flip" in bottom
 

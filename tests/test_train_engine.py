@@ -473,7 +473,7 @@ def test_launch_fails_with_the_status_of_a_failed_rank(tmp_path):
     (["--nproc-per-node=2", "-m", "json"], "pass --standalone"),
     (["--standalone", "--nproc-per-node=2", "-m", "json"], "json has no main(argv)"),
 ])
-def test_launch_refuses_what_it_cannot_fork(capsys, argv, message):
+def test_launch_refuses_what_it_cannot_fork(argv, message):
     with pytest.raises(SystemExit) as stop:
         launch.main(argv)
     assert message in str(stop.value.code)

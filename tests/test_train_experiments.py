@@ -39,14 +39,20 @@ def test_point_specs_merge_defaults_and_model_args():
     assert specs["b"]["model"] == "densenet264" and specs["b"]["norm"] == "iabn"
 
 
-def test_command_launches_forked_ranks_for_several_ranks():
+def test_command_launches_several_ranks_forked_on_the_cpu_and_by_torchrun_on_cuda():
     specs = plan.point_specs(SECTION)
     outputs = {"out": "o.json", "epochs_csv": "o.csv", "weights": "o.pt", "work_dir": "w"}
     one = plan.command("iabn_table1_imagenet", specs["a"], "data", outputs)
     two = plan.command("iabn_table1_imagenet", specs["b"], "data", outputs)
+    gpus = plan.command("iabn_table1_imagenet", {**specs["b"], "device": "cuda"}, "data",
+                        outputs)
     assert one.startswith("python -m experiments.iabn_table1_imagenet ")
     assert two.startswith("python -m experiments.train.launch --standalone "
-                          "--nproc-per-node=2 -m experiments.")
+                          "--nproc-per-node=2 -m experiments.iabn_table1_imagenet ")
+    assert gpus.startswith("torchrun --standalone --nproc-per-node=2 -m "
+                           "experiments.iabn_table1_imagenet ")
+    assert gpus.split(" -m ", 1)[1] == two.split(" -m ", 2)[2].replace("--device cpu",
+                                                                      "--device cuda")
     assert "--model-arg width=0.5" in one and "--eval center224=center:36:32" in one
     assert "--work-dir w" in two and "--model-arg growth_rate=8" in two
 

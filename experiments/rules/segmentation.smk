@@ -2,8 +2,8 @@
 Included by the Snakefile after training.smk, whose TRAINING, dataset_root, dataset_inputs and
 training_outputs it uses.
 
-Each point is one job of `devices` ranks (experiments.train.launch, torchrun with the ranks
-forked from one import; GPUs on cuda, gloo processes on the CPU).
+Each point is one job of `devices` ranks (experiments/train/plan.py's launcher: torchrun on
+cuda; on the CPU torchrun's agent with the ranks forked from one import, gloo processes).
 Its inputs chain the experiments as the paper does: the body's ImageNet weights are a Table 1
 point's output (so classification trains first), and a Table 2 top point's crops and crop
 size are the capacity point's result for the same body (experiments/train/seg_plan.py), so

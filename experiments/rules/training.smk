@@ -2,12 +2,13 @@
 the data sets they train on. Included by the Snakefile, which defines DEVICE, GPU, RUN,
 EXPERIMENTS, cluster_resources and code.
 
-A training point is one job: one process, or N ranks (`python -m experiments.train.launch
---standalone --nproc-per-node N`: torchrun's agent, the ranks forked from one import of the
-experiment) that take N units of the `gpu` resource on cuda (N gloo processes on the CPU). Its recipe is the profile
-section's `defaults` updated by the point's entry (experiments/train/plan.py); its outputs are
-the point JSON, the per-epoch CSV and the trained weights; an unfinished point's checkpoint
-(artifacts/checkpoints/...) is not an output, so a killed job resumes when it is run again.
+A training point is one job: one process, or N ranks (experiments/train/plan.py's launcher:
+`torchrun` on cuda, on the CPU torchrun's agent with the ranks forked from one import of the
+experiment) that take N units of the `gpu` resource on cuda (N gloo processes on the CPU).
+Its recipe is the profile section's `defaults` updated by the point's entry
+(experiments/train/plan.py); its outputs are the point JSON, the per-epoch CSV and the trained
+weights; an unfinished point's checkpoint (artifacts/checkpoints/...) is not an output, so a
+killed job resumes when it is run again.
 """
 import shlex
 

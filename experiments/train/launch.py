@@ -14,8 +14,8 @@ launcher imports the module once and forks the ranks from itself (what ``torchru
 Forking is safe here because the launcher only imports: it runs no parallel CPU work and does
 not initialise CUDA before the ranks exist (checked: a module whose import initialises CUDA is
 refused, since CUDA cannot be used in a forked child). The pipeline launches its multi-rank
-points with it (:func:`experiments.train.plan.launcher`); ``torchrun -m`` runs the same modules
-unchanged.
+CPU points with it (:func:`experiments.train.plan.launcher`; on CUDA, where a point trains for
+hours, it uses ``torchrun`` itself); ``torchrun -m`` runs the same modules unchanged.
 """
 import importlib
 import os

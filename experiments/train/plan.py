@@ -6,8 +6,9 @@ A training experiment's profile section holds ``defaults`` (a recipe every point
 ``model_args`` merged key by key (a ``null`` there removes a default argument).
 :func:`command` turns one point into the shell command that trains it: ``python -m
 experiments.<id> ...`` for one process, ``python -m experiments.train.launch --standalone
---nproc-per-node N -m experiments.<id> ...`` for ``nproc`` ranks (``torchrun``'s options and
-agent, the ranks forked from a launcher that imported the module once: :mod:`.launch`).
+--nproc-per-node N -m experiments.<id> ...`` for ``nproc`` ranks on the CPU (``torchrun``'s
+options and agent, the ranks forked from a launcher that imported the module once:
+:mod:`.launch`), ``torchrun --standalone --nproc-per-node N -m ...`` on CUDA.
 :func:`generate_command` is the command of a generated data set.
 """
 import shlex
@@ -34,13 +35,17 @@ def model_arg_options(model_args):
             for word in ("--model-arg", f"{key}={_value(value)}")]
 
 
-def launcher(nproc):
-    """``python -m`` for one process, else :mod:`.launch` (``torchrun`` with the ranks forked
-    from one import of the module) ``--standalone --nproc-per-node N -m``."""
+def launcher(nproc, device):
+    """``python -m`` for one process; for ``nproc`` ranks on the CPU :mod:`.launch`
+    (``torchrun`` with the ranks forked from one import of the module: a small point's run is
+    mostly imports), on CUDA ``torchrun`` itself (a point trains for hours there, and no CUDA
+    process is then a fork)."""
     if nproc == 1:
         return ["python", "-m"]
-    return ["python", "-m", "experiments.train.launch", "--standalone",
-            f"--nproc-per-node={nproc}", "-m"]
+    if device == "cpu":
+        return ["python", "-m", "experiments.train.launch", "--standalone",
+                f"--nproc-per-node={nproc}", "-m"]
+    return ["torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m"]
 
 
 def arguments(spec, data_root):
@@ -71,11 +76,11 @@ def generate_command(dataset, spec, out):
     return shlex.join(words)
 
 
-def training_command(experiment, nproc, arguments, outputs):
-    """``experiments.<experiment>`` on ``nproc`` ranks with ``arguments`` and the outputs of a
-    training point (``outputs`` maps ``out``, ``epochs_csv``, ``weights``, ``work_dir`` to
-    paths), as one shell command."""
-    words = [*launcher(nproc), f"experiments.{experiment}", *arguments]
+def training_command(experiment, nproc, device, arguments, outputs):
+    """``experiments.<experiment>`` on ``nproc`` ranks of ``device`` (:func:`launcher`) with
+    ``arguments`` and the outputs of a training point (``outputs`` maps ``out``, ``epochs_csv``,
+    ``weights``, ``work_dir`` to paths), as one shell command."""
+    words = [*launcher(nproc, device), f"experiments.{experiment}", *arguments]
     for key in ("out", "epochs_csv", "weights", "work_dir"):
         words += [f"--{key.replace('_', '-')}", str(outputs[key])]
     return shlex.join(words)
@@ -83,7 +88,8 @@ def training_command(experiment, nproc, arguments, outputs):
 
 def command(experiment, spec, data_root, outputs):
     """The shell command that trains one point (:func:`training_command`)."""
-    return training_command(experiment, spec["nproc"], arguments(spec, data_root), outputs)
+    return training_command(experiment, spec["nproc"], spec["device"],
+                            arguments(spec, data_root), outputs)
 
 
 __all__ = ["point_specs", "model_arg_options", "launcher", "arguments", "generate_command",

@@ -120,7 +120,7 @@ def arguments(spec, data_root, pretrained_weights, capacity_json):
 def command(experiment, spec, data_root, pretrained_weights, capacity_json, outputs):
     """The shell command that trains one point on ``spec["devices"]`` ranks
     (:func:`.plan.training_command`)."""
-    return training_command(experiment, spec["devices"],
+    return training_command(experiment, spec["devices"], spec["device"],
                             arguments(spec, data_root, pretrained_weights, capacity_json),
                             outputs)
 
