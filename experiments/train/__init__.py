@@ -7,7 +7,9 @@ InPlace-ABN Table 1 left; segmentation builds on it).
   samplers under DDP).
 - :mod:`.schedules`, :mod:`.metrics`, :mod:`.checkpoint`, :mod:`.distributed`: learning-rate
   schedules, top-k / ten-crop evaluation, atomic resumable checkpoints, torchrun setup.
-- :mod:`.engine`: the loop (one process or ``torchrun`` ranks with DistributedDataParallel).
+- :mod:`.engine`: the loop (one process or ``torchrun`` ranks with DistributedDataParallel);
+  :mod:`.launch`: ``torchrun`` with the ranks forked from one import of the experiment (the
+  pipeline's multi-rank CPU points).
 - :mod:`.models`: the networks the experiments train, by name; :mod:`.point`: the command line
   of one training point (a model, a data set, a recipe) and its artifacts; :mod:`.parity`:
   STD-BN vs InPlace-ABN trained side by side in float64.
