@@ -46,16 +46,15 @@ def _exit_status(stop):
 
 
 def _child(module, argv, stderr_path):
-    """In a forked child: ``module.main(argv)`` with standard error to ``stderr_path``; never
+    """In a forked child: the command as ``python -m module argv`` would run it (the launcher's
+    :func:`~experiments.train.launch.run_rank`), standard error to ``stderr_path``; never
     returns."""
     status = 1
     try:
         with open(os.devnull, "w") as null, open(stderr_path, "w") as err:
             os.dup2(null.fileno(), 1)
             os.dup2(err.fileno(), 2)
-        imported = sys.modules[module]
-        sys.argv = [imported.__file__, *argv]
-        imported.main(argv)
+        run_rank(module, *argv)
         status = 0
     except SystemExit as stop:
         status = _exit_status(stop)
@@ -98,4 +97,6 @@ def _run(commands):
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))  # the checkout's modules, as ``python -m`` in ROOT finds them
+    from experiments.train.launch import run_rank
+
     print(json.dumps(_run(json.load(sys.stdin))))
