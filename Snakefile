@@ -38,7 +38,7 @@ from pathlib import Path
 import yaml
 from snakemake.utils import validate
 
-from experiments.records import paths, sources
+from experiments.records import forkserver, paths, sources
 
 CONFIG_DIR = Path(workflow.basedir) / "experiments" / "config"
 FIGURES = Path(workflow.basedir) / "figures"
@@ -71,6 +71,13 @@ validate(config, "experiments/config/schema.yaml")
 
 DEVICE = config["device"]
 RUN = paths.run_name(config["profile"], DEVICE)
+# With the profile's `forkserver`, a local run's jobs are forks of one process that has imported
+# torch and the experiments (experiments/records/forkserver.py): their commands start with its
+# client instead of `python -m`, which runs `python -m` itself where no server is (a cluster
+# node).
+PYTHON_M_WORDS = forkserver.command_prefix(config["forkserver"])
+PYTHON_M = " ".join(PYTHON_M_WORDS)
+
 # Timing jobs on one GPU would disturb each other: each takes one unit of `gpu`; pass
 # `--resources gpu=<number of GPUs>`.
 GPU = 1 if DEVICE == "cuda" else 0
@@ -151,7 +158,7 @@ rule densenet_fig2_contiguous_point:
     params:
         cfg=FIG2,
     shell:
-        "python -m experiments.densenet_fig2_contiguous --in-channels {wildcards.in_channels}"
+        "{PYTHON_M} experiments.densenet_fig2_contiguous --in-channels {wildcards.in_channels}"
         " --out-channels {params.cfg[out_channels]} --batch {params.cfg[batch]}"
         " --size {params.cfg[size]} --device {DEVICE} --dtype {params.cfg[dtype]}"
         " --threads {threads} --warmup {params.cfg[warmup]} --repeats {params.cfg[repeats]}"
@@ -184,7 +191,7 @@ rule iabn_table1_timing_point:
         cfg=TABLE1,
         max_size="" if TABLE1["max_size"] is None else f"--max-size {TABLE1['max_size']}",
     shell:
-        "python -m experiments.iabn_table1_timing --module {wildcards.module}"
+        "{PYTHON_M} experiments.iabn_table1_timing --module {wildcards.module}"
         " --batch {params.cfg[batch]} {params.max_size} --device {DEVICE}"
         " --dtype {params.cfg[dtype]} --threads {threads} --warmup {params.cfg[warmup]}"
         " --repeats {params.cfg[repeats]} --out {output} > {log} 2>&1"
@@ -233,7 +240,7 @@ rule densenet_fig4_memory_point:
         else f"--budget-gib {FIG4['memory_budget_gib']}",
         peak="" if FIG4["peak"] else "--no-peak",
     shell:
-        "python -m experiments.densenet_fig4_memory --impl {wildcards.impl}"
+        "{PYTHON_M} experiments.densenet_fig4_memory --impl {wildcards.impl}"
         " --depth {wildcards.depth} --growth-rate {params.cfg[growth_rate]}"
         " --batch {params.cfg[batch]} --size {params.cfg[size]} {params.budget} {params.peak}"
         " --device {DEVICE} --dtype {params.cfg[dtype]} --threads {threads}"
@@ -263,7 +270,7 @@ rule densenet_fig4_memory_simulated_point:
         sim=FIG4_SIMULATED,
         depths=" ".join(str(d) for d in FIG4_SIMULATED["depths"]),
     shell:
-        "python -m experiments.densenet_fig4_memory --simulate --impl {wildcards.impl}"
+        "{PYTHON_M} experiments.densenet_fig4_memory --simulate --impl {wildcards.impl}"
         " --depths {params.depths} --max-depth {params.sim[max_depth]}"
         " --growth-rate {params.cfg[growth_rate]} --batch {params.sim[batch]}"
         " --size {params.cfg[size]} --budget-gib {params.sim[budget_gib]}"
@@ -297,7 +304,7 @@ rule densenet_fig5_time_point:
         cfg=FIG5,
         impls=" ".join(FIG5["impls"]),
     shell:
-        "python -m experiments.densenet_fig5_time --depth {wildcards.depth}"
+        "{PYTHON_M} experiments.densenet_fig5_time --depth {wildcards.depth}"
         " --growth-rate {params.cfg[growth_rate]} --batch {params.cfg[batch]}"
         " --size {params.cfg[size]} --impls {params.impls} --device {DEVICE}"
         " --dtype {params.cfg[dtype]} --threads {threads} --warmup {params.cfg[warmup]}"
@@ -362,7 +369,7 @@ rule iabn_table2_capacity_point:
         fit_batches=" ".join(str(n) for n in TABLE2["fit_batches"]),
         fit_crops=" ".join(str(c) for c in TABLE2["fit_crops"]),
     shell:
-        "python -m experiments.iabn_table2_capacity --body {wildcards.body}"
+        "{PYTHON_M} experiments.iabn_table2_capacity --body {wildcards.body}"
         " --norm {wildcards.norm} --mode {wildcards.mode} --crop {params.cfg[crop]}"
         " {params.batch} --budget-mib {params.cfg[budget_mib]}"
         " --width {params.cfg[width]} --classes {params.cfg[classes]}"
@@ -407,7 +414,7 @@ rule iabn_table2_capacity_simulated_point:
         sim=TABLE2_SIMULATED,
         args=simulated_capacity_args,
     shell:
-        "python -m experiments.iabn_table2_capacity --simulate --body {wildcards.body}"
+        "{PYTHON_M} experiments.iabn_table2_capacity --simulate --body {wildcards.body}"
         " --norm {wildcards.norm} --mode {wildcards.mode} {params.args}"
         " --budget-mib {params.sim[budget_mib]} --width {params.sim[width]}"
         " --layout {params.cfg[layout]} --crop-step {params.cfg[crop_step]}"
@@ -424,6 +431,18 @@ include: "experiments/rules/gpu_selfcheck.smk"
 # Light jobs that read artifacts/ only: on a cluster they run where snakemake runs, not as
 # cluster jobs (the measuring and training rules take cluster_resources).
 localrules: all, aggregate, render, claims
+
+#: What the fork server imports once: every module a job of this workflow runs.
+FORKSERVER_PRELOAD = ["experiments.train.launch", "experiments.train.data.generate",
+                      "experiments.report.aggregate", "experiments.report.render",
+                      "experiments.report.claims", "experiments.bench_kernels",
+                      *(f"experiments.{experiment}" for experiment in EXPERIMENTS)]
+
+
+onstart:
+    # Only where the jobs run on this machine: a cluster's jobs start fresh processes.
+    if config["forkserver"] and workflow.local_exec:
+        forkserver.start(FORKSERVER_PRELOAD, paths.job_log("forkserver", RUN, "server"))
 
 
 rule all:
@@ -457,7 +476,7 @@ rule aggregate:
     wildcard_constraints:
         experiment="|".join(EXPERIMENTS),
     shell:
-        "python -m experiments.report.aggregate --out {output} {input.points} > {log} 2>&1"
+        "{PYTHON_M} experiments.report.aggregate --out {output} {input.points} > {log} 2>&1"
 
 
 def notebook_inputs(wildcards):
@@ -484,7 +503,7 @@ rule render:
         notebook="|".join([nb for e in EXPERIMENTS.values() for nb in e["notebooks"]]
                           + list(NOTEBOOK_ARTIFACTS)),
     shell:
-        "python -m experiments.report.render {input[0]} --run {RUN} --artifacts artifacts"
+        "{PYTHON_M} experiments.report.render {input[0]} --run {RUN} --artifacts artifacts"
         " --out figures/{RUN} > {log} 2>&1"
 
 
@@ -501,7 +520,7 @@ rule claims:
     log:
         "artifacts/logs/claims.log",
     shell:
-        "python -m experiments.report.claims --artifacts artifacts --out {output} > {log} 2>&1"
+        "{PYTHON_M} experiments.report.claims --artifacts artifacts --out {output} > {log} 2>&1"
 
 
 rule bench_kernels:
@@ -522,7 +541,7 @@ rule bench_kernels:
         dtypes=" ".join(config["bench_kernels"]["dtypes"]),
         bench=config["bench_kernels"],
     shell:
-        "python -m experiments.bench_kernels --device {DEVICE} --run {RUN} --shapes {params.shapes}"
+        "{PYTHON_M} experiments.bench_kernels --device {DEVICE} --run {RUN} --shapes {params.shapes}"
         " --dtypes {params.dtypes} --threads {params.bench[threads]}"
         " --repeats {params.bench[repeats]} --warmup {params.bench[warmup]}"
         " --out {output} > {log} 2>&1"

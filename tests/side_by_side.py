@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,33 +35,17 @@ def run_modules(commands):
                 commands, json.loads(runner.stdout.splitlines()[-1]))]  # the last line
 
 
-def _exit_status(stop):
-    """The exit status of a process that ended by ``SystemExit`` ``stop``, as Python's (a
-    message is printed to standard error and gives 1)."""
-    if stop.code is None or isinstance(stop.code, int):
-        return stop.code or 0
-    print(stop.code, file=sys.stderr)
-    return 1
-
-
 def _child(module, argv, stderr_path):
-    """In a forked child: the command as ``python -m module argv`` would run it (the launcher's
-    :func:`~experiments.train.launch.run_rank`), standard error to ``stderr_path``; never
-    returns."""
+    """In a forked child: the command as ``python -m module argv`` would run it
+    (:func:`experiments.records.forkserver.run_command`), standard error to ``stderr_path``;
+    never returns."""
     status = 1
     try:
         with open(os.devnull, "w") as null, open(stderr_path, "w") as err:
             os.dup2(null.fileno(), 1)
             os.dup2(err.fileno(), 2)
-        run_rank(module, *argv)
-        status = 0
-    except SystemExit as stop:
-        status = _exit_status(stop)
-    except BaseException:  # report everything, as an uncaught exception would
-        traceback.print_exc()
+        status = run_command(module, argv)
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
         os._exit(status)
 
 
@@ -97,6 +80,6 @@ def _run(commands):
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))  # the checkout's modules, as ``python -m`` in ROOT finds them
-    from experiments.train.launch import run_rank
+    from experiments.records.forkserver import run_command
 
     print(json.dumps(_run(json.load(sys.stdin))))

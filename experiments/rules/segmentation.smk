@@ -44,7 +44,8 @@ def segmentation_command(wildcards):
     spec = SEGMENTATION[wildcards.point]
     return seg_plan.command("iabn_table2_segmentation", spec, dataset_root(spec["dataset"]),
                             *chained_inputs(spec),
-                            training_outputs("iabn_table2_segmentation", wildcards.point))
+                            training_outputs("iabn_table2_segmentation", wildcards.point),
+                            PYTHON_M_WORDS)
 
 
 rule iabn_table2_segmentation_point:

@@ -44,7 +44,8 @@ for _name, _spec in DATASETS.items():
         log:
             f"artifacts/logs/data/{_name}.log",
         params:
-            command=plan.generate_command(_name, _spec["generate"], _spec["root"]),
+            command=plan.generate_command(_name, _spec["generate"], _spec["root"],
+                                          PYTHON_M_WORDS),
         shell:
             "{params.command} > {log} 2>&1"
 
@@ -98,7 +99,7 @@ for _experiment, _points in TRAINING.items():
             command=lambda wildcards, e=_experiment: plan.command(
                 e, TRAINING[e][wildcards.point],
                 dataset_root(TRAINING[e][wildcards.point]["dataset"]),
-                training_outputs(e, wildcards.point)),
+                training_outputs(e, wildcards.point), PYTHON_M_WORDS),
         shell:
             "{params.command} > {log} 2>&1"
 
@@ -125,7 +126,7 @@ rule iabn_table1_imagenet_parity:
         model_args=lambda wildcards: shlex.join(
             plan.model_arg_options(PARITY["models"][wildcards.model])),
     shell:
-        "python -m experiments.iabn_table1_imagenet parity --data {params.root}"
+        "{PYTHON_M} experiments.iabn_table1_imagenet parity --data {params.root}"
         " --model {wildcards.model} {params.model_args} --steps {params.cfg[steps]}"
         " --batch {params.cfg[batch]} --resize {params.cfg[resize]} --crop {params.cfg[crop]}"
         " --lr {params.cfg[lr]} --device {DEVICE} --threads {threads} --out {output}"

@@ -5,7 +5,8 @@ A training experiment's profile section holds ``defaults`` (a recipe every point
 ``points`` (point name -> the keys it overrides); :func:`point_specs` merges them, with
 ``model_args`` merged key by key (a ``null`` there removes a default argument).
 :func:`command` turns one point into the shell command that trains it: ``python -m
-experiments.<id> ...`` for one process, ``python -m experiments.train.launch --standalone
+experiments.<id> ...`` for one process (or the fork server's client in place of ``python -m``:
+the ``python_m`` argument), ``python -m experiments.train.launch --standalone
 --nproc-per-node N -m experiments.<id> ...`` for ``nproc`` ranks on the CPU (``torchrun``'s
 options and agent, the ranks forked from a launcher that imported the module once:
 :mod:`.launch`), ``torchrun --standalone --nproc-per-node N -m ...`` on CUDA.
@@ -35,15 +36,20 @@ def model_arg_options(model_args):
             for word in ("--model-arg", f"{key}={_value(value)}")]
 
 
-def launcher(nproc, device):
-    """``python -m`` for one process; for ``nproc`` ranks on the CPU :mod:`.launch`
-    (``torchrun`` with the ranks forked from one import of the module: a small point's run is
-    mostly imports), on CUDA ``torchrun`` itself (a point trains for hours there, and no CUDA
-    process is then a fork)."""
+#: The words that run a module in a fresh process; the Snakefile passes the fork server's
+#: client instead when its profile asks for it (:mod:`experiments.records.forkserver`).
+PYTHON_M = ("python", "-m")
+
+
+def launcher(nproc, device, python_m=PYTHON_M):
+    """``python_m`` for one process; for ``nproc`` ranks on the CPU :mod:`.launch` run by
+    ``python_m`` (``torchrun`` with the ranks forked from one import of the module: a small
+    point's run is mostly imports), on CUDA ``torchrun`` itself (a point trains for hours
+    there, and no CUDA process is then a fork)."""
     if nproc == 1:
-        return ["python", "-m"]
+        return list(python_m)
     if device == "cpu":
-        return ["python", "-m", "experiments.train.launch", "--standalone",
+        return [*python_m, "experiments.train.launch", "--standalone",
                 f"--nproc-per-node={nproc}", "-m"]
     return ["torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m"]
 
@@ -65,32 +71,32 @@ def arguments(spec, data_root):
     return [str(a) for a in args]
 
 
-def generate_command(dataset, spec, out):
+def generate_command(dataset, spec, out, python_m=PYTHON_M):
     """The command that generates ``dataset`` at ``out`` from its profile's ``generate``
     mapping: each key becomes an option (``train_per_class: 100`` -> ``--train-per-class
     100``; a list, ``sizes: [256x128]``, gives its items)."""
-    words = ["python", "-m", "experiments.train.data.generate", dataset, "--out", str(out)]
+    words = [*python_m, "experiments.train.data.generate", dataset, "--out", str(out)]
     for key, value in spec.items():
         values = value if isinstance(value, (list, tuple)) else [value]
         words += [f"--{key.replace('_', '-')}", *(_value(v) for v in values)]
     return shlex.join(words)
 
 
-def training_command(experiment, nproc, device, arguments, outputs):
+def training_command(experiment, nproc, device, arguments, outputs, python_m=PYTHON_M):
     """``experiments.<experiment>`` on ``nproc`` ranks of ``device`` (:func:`launcher`) with
     ``arguments`` and the outputs of a training point (``outputs`` maps ``out``, ``epochs_csv``,
     ``weights``, ``work_dir`` to paths), as one shell command."""
-    words = [*launcher(nproc, device), f"experiments.{experiment}", *arguments]
+    words = [*launcher(nproc, device, python_m), f"experiments.{experiment}", *arguments]
     for key in ("out", "epochs_csv", "weights", "work_dir"):
         words += [f"--{key.replace('_', '-')}", str(outputs[key])]
     return shlex.join(words)
 
 
-def command(experiment, spec, data_root, outputs):
+def command(experiment, spec, data_root, outputs, python_m=PYTHON_M):
     """The shell command that trains one point (:func:`training_command`)."""
     return training_command(experiment, spec["nproc"], spec["device"],
-                            arguments(spec, data_root), outputs)
+                            arguments(spec, data_root), outputs, python_m)
 
 
-__all__ = ["point_specs", "model_arg_options", "launcher", "arguments", "generate_command",
+__all__ = ["PYTHON_M", "point_specs", "model_arg_options", "launcher", "arguments", "generate_command",
            "training_command", "command"]

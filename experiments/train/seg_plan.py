@@ -13,7 +13,7 @@ norm and mode in :data:`CONFIGS`), so Table 2's brackets and its mIoU come from 
 bottom point (the paper's tuned runs) states them. Every point's body has the architecture
 arguments (``width``, ``preact``) of its ImageNet point, so the checkpoint fits.
 """
-from .plan import model_arg_options, training_command
+from .plan import PYTHON_M, model_arg_options, training_command
 
 #: Table 2 top's batch compilations: name -> (norm, the capacity point's norm and mode).
 CONFIGS = {
@@ -117,12 +117,13 @@ def arguments(spec, data_root, pretrained_weights, capacity_json):
     return [str(a) for a in args]
 
 
-def command(experiment, spec, data_root, pretrained_weights, capacity_json, outputs):
+def command(experiment, spec, data_root, pretrained_weights, capacity_json, outputs,
+            python_m=PYTHON_M):
     """The shell command that trains one point on ``spec["devices"]`` ranks
-    (:func:`.plan.training_command`)."""
+    (:func:`.plan.training_command`; ``python_m`` as there)."""
     return training_command(experiment, spec["devices"], spec["device"],
                             arguments(spec, data_root, pretrained_weights, capacity_json),
-                            outputs)
+                            outputs, python_m)
 
 
 __all__ = ["ARCHITECTURE_ARGS", "CONFIGS", "arguments", "check_capacity", "command",
