@@ -38,9 +38,10 @@ iteration), ``train_loss`` and ``train_top1_error`` (over the epoch's training b
 ranks), ``images_per_s`` (all ranks' training images over the epoch's training wall time),
 ``peak_memory_bytes`` (CUDA: ``max_memory_allocated`` during the epoch, maximum over ranks;
 CPU: the process's peak resident set size since it started, ``getrusage``, maximum over ranks;
-a rank forked by :mod:`.launch` counts the launcher's file mappings, torch's libraries, only as
-it touches them, so it reads lower than the same rank under ``torchrun``: 0.64 against 0.96 GB
-for a smoke segmentation point),
+a rank forked by :mod:`.launch` (or a job forked by :mod:`experiments.records.forkserver`)
+counts its parent's file mappings, torch's libraries, only as it touches them, so it reads
+lower than the same rank under ``torchrun``: 0.64 against 0.96 GB for a smoke segmentation
+point),
 ``epoch_time_s`` (training and evaluation), and per evaluation set ``<name>_<metric>`` for
 each of its metrics (classification: ``top1_error``, ``top5_error``, ``loss``; segmentation:
 ``miou``, ``pixel_accuracy``), empty in epochs without evaluation. ``train_top1_error`` is
