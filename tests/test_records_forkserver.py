@@ -140,11 +140,20 @@ def test_an_unreachable_server_or_another_directory_falls_back_with_a_warning(jo
     root, socket_path, server = jobs
     missing = _client(root, str(tmp_path / "no_socket"), "exit", "4")
     assert missing.returncode == 4
-    assert "not reachable" in missing.stderr and "fresh process" in missing.stderr
+    assert "is not reachable" in missing.stderr and "fresh process" in missing.stderr
     (tmp_path / "toyjob.py").write_text(TOY)
     elsewhere = _client(tmp_path, socket_path, "parent")
     assert f"runs jobs in {root}" in elsewhere.stderr and "fresh process" in elsewhere.stderr
     assert elsewhere.stdout.split() != [str(server.pid)]
+
+
+def test_a_job_whose_import_time_variables_differ_runs_in_a_fresh_process(jobs):
+    root, socket_path, server = jobs
+    result = _client(root, socket_path, "parent", NUMBA_DISABLE_JIT="1")
+    assert "NUMBA_DISABLE_JIT" in result.stderr and "fresh process" in result.stderr
+    assert result.returncode == 0 and result.stdout.split() != [str(server.pid)]
+    threads = _client(root, socket_path, "parent", OMP_NUM_THREADS="1")  # as Snakemake sets
+    assert threads.stdout.split() == [str(server.pid)] and threads.stderr == ""
 
 
 def test_a_cancelled_job_ends(jobs, tmp_path):
@@ -159,6 +168,32 @@ def test_a_cancelled_job_ends(jobs, tmp_path):
     client.send_signal(signal.SIGKILL)  # Snakemake cancelling the job
     client.wait()
     _wait_for(lambda: not _alive(job), timeout=30)
+
+
+def test_a_job_whose_server_dies_fails_and_is_not_run_again(tmp_path):
+    (tmp_path / "toyjob.py").write_text(TOY)
+    socket_path = os.path.join(tempfile.mkdtemp(prefix="fs-"), "socket")
+    server = subprocess.Popen([sys.executable, "-m", "experiments.records.forkserver", "serve",
+                               "--socket", socket_path], cwd=tmp_path, env=_env(),
+                              stderr=subprocess.DEVNULL)
+    _wait_for(lambda: os.path.exists(socket_path))
+    pid_file, log = tmp_path / "pid", tmp_path / "client.log"
+    with open(log, "w") as stderr:  # a file, as a job's log: the job keeps it open
+        client = subprocess.Popen(
+            [sys.executable, "-m", "experiments.records.forkserver", "run", "toyjob", "sleep",
+             str(pid_file)], cwd=tmp_path, env=_env(**{forkserver.SOCKET_ENV: socket_path}),
+            stderr=stderr)
+    _wait_for(lambda: pid_file.exists() and pid_file.read_text())
+    job = int(pid_file.read_text())
+    pid_file.unlink()
+    server.kill()
+    server.wait()
+    try:
+        assert client.wait(timeout=60) == 1
+        assert "ended before the job did" in log.read_text()
+        assert not pid_file.exists(), "the job was not started a second time"
+    finally:
+        os.kill(job, signal.SIGKILL)
 
 
 def test_the_server_ends_with_the_process_that_started_it(tmp_path):

@@ -17,8 +17,10 @@ variable :data:`SOCKET_ENV`; the server forks a child that takes them over and r
 (:func:`experiments.train.launch.run_rank`), and the client exits with the child's status.
 Without a server (:data:`SOCKET_ENV` unset, as on a cluster node or in a shell) ``run`` execs
 ``python -m MODULE ARG ...`` itself, so a command means the same everywhere; a server that is
-set but cannot be reached, or that serves another directory, gives the same fallback with a
-warning on standard error.
+set but cannot be reached, that serves another directory, or whose imports read a variable
+(:data:`IMPORT_TIME_PREFIXES`) that the job sets otherwise, gives the same fallback with a
+warning on standard error. A server that ends while it runs a job fails the job (which may have
+started: it is never run twice).
 
 A child starts from the state a fresh process has after its imports: the server only imports
 (no parallel work, no CUDA: a server whose imports initialised CUDA stops), and the child gets
@@ -49,6 +51,12 @@ import traceback
 
 #: The environment variable naming the server's socket for ``run``.
 SOCKET_ENV = "EXPERIMENTS_FORKSERVER"
+#: The environment variables read when the preloaded modules are imported (numba's
+#: configuration, Python's, torch's): a job whose value differs runs in a fresh process. The
+#: thread counts Snakemake sets per job (``OMP_NUM_THREADS``, ...) are not among them: torch
+#: reads ``OMP_NUM_THREADS`` at import, which the child applies
+#: (:func:`experiments.train.launch.run_rank`), and the experiments set their threads.
+IMPORT_TIME_PREFIXES = ("NUMBA_", "PYTHON", "TORCH_")
 #: How long a cancelled job's child has to end after SIGTERM before SIGKILL.
 TERMINATE_GRACE_S = 10.0
 #: How long :func:`start` waits for the server's socket.
@@ -178,15 +186,16 @@ class Server:
             connection.close()
             return
         try:
-            if os.path.realpath(request["cwd"]) != os.path.realpath(self.root):
-                _send(connection, {"refused": f"runs jobs in {self.root}"})
+            refusal = self._refusal(request)
+            if refusal:
+                _send(connection, {"refused": refusal})
                 connection.close()
                 return
             sys.stdout.flush()
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
-                self._child(request, fds)
+                self._child(request, fds, connection)
             try:  # as the child does: whichever runs first, the group exists before a kill
                 os.setpgid(pid, pid)
             except (PermissionError, ProcessLookupError):
@@ -197,9 +206,23 @@ class Server:
         self.running[pid] = (connection, None)
         self._selector.register(connection, selectors.EVENT_READ, pid)
 
-    def _child(self, request, fds):
+    def _refusal(self, request):
+        """Why this server cannot run ``request`` as a fresh process would (``None`` if it can):
+        another directory, or a variable that the imports read with another value."""
+        if os.path.realpath(request["cwd"]) != os.path.realpath(self.root):
+            return f"runs jobs in {self.root}"
+        env = request["env"]
+        for name in sorted(set(env) | set(os.environ)):
+            if name.startswith(IMPORT_TIME_PREFIXES) and env.get(name) != os.environ.get(name):
+                return (f"was started with {name}={os.environ.get(name)!r}, read at import, "
+                        f"and the job has {name}={env.get(name)!r}")
+        return None
+
+    def _child(self, request, fds, connection):
         """In the forked child: take over the client's streams, directory and environment, run
-        the command, exit with its status; never returns."""
+        the command, exit with its status; never returns. The server's sockets are closed, the
+        client's ``connection`` too: only the server holds it, so that the client sees the
+        server end."""
         status = 1
         try:
             os.setpgid(0, 0)
@@ -210,8 +233,9 @@ class Server:
             for fd in self._wakeup:
                 os.close(fd)
             self.listener.close()
-            for connection, _ in self.running.values():
-                connection.close()
+            connection.close()
+            for other, _ in self.running.values():
+                other.close()
             for fd, stream in zip(fds, _STREAMS):
                 os.dup2(fd, stream)
             _reopen_standard_streams()
@@ -320,12 +344,18 @@ def run(module, argv):
         _exec(module, argv)
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        connection.connect(path)
-        _send(connection, {"module": module, "argv": argv, "cwd": os.getcwd(),
-                           "env": dict(os.environ)}, _STREAMS)
-        reply, _ = _receive(connection)
-    except (OSError, ValueError) as error:
-        reply = {"refused": f"not reachable ({error})"}
+        try:
+            connection.connect(path)
+            _send(connection, {"module": module, "argv": argv, "cwd": os.getcwd(),
+                               "env": dict(os.environ)}, _STREAMS)
+        except OSError as error:  # the command did not reach a server: nothing runs it
+            reply = {"refused": f"is not reachable ({error})"}
+        else:
+            try:
+                reply, _ = _receive(connection)
+            except (OSError, ValueError) as error:  # it may have started: never run it twice
+                sys.exit(f"experiments.records.forkserver: the server at {path} ended before "
+                         f"the job did ({error}); see its log")
     finally:
         connection.close()
     if "refused" in reply:
