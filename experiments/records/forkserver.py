@@ -65,10 +65,14 @@ _HEADER = struct.Struct("!I")
 _STREAMS = (0, 1, 2)
 
 
+#: The words that run a module in a fresh process.
+PYTHON_M = ("python", "-m")
+
+
 def command_prefix(enabled):
     """The words of a job's command before ``MODULE ARG ...``: the fork server's client when
-    ``enabled``, else ``python -m``."""
-    return ("python", "-m", __name__, "run") if enabled else ("python", "-m")
+    ``enabled``, else :data:`PYTHON_M`."""
+    return (*PYTHON_M, __name__, "run") if enabled else PYTHON_M
 
 
 # --------------------------------------------------------------------------- the child

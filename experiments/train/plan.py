@@ -14,6 +14,9 @@ options and agent, the ranks forked from a launcher that imported the module onc
 """
 import shlex
 
+from ..records.forkserver import PYTHON_M  # the Snakefile may pass the fork server's client
+
+
 def point_specs(section):
     """``{point: recipe}``: ``section["defaults"]`` updated by each point's overrides."""
     defaults = section["defaults"]
@@ -36,9 +39,6 @@ def model_arg_options(model_args):
             for word in ("--model-arg", f"{key}={_value(value)}")]
 
 
-#: The words that run a module in a fresh process; the Snakefile passes the fork server's
-#: client instead when its profile asks for it (:mod:`experiments.records.forkserver`).
-PYTHON_M = ("python", "-m")
 
 
 def launcher(nproc, device, python_m=PYTHON_M):
@@ -98,5 +98,5 @@ def command(experiment, spec, data_root, outputs, python_m=PYTHON_M):
                             arguments(spec, data_root), outputs, python_m)
 
 
-__all__ = ["PYTHON_M", "point_specs", "model_arg_options", "launcher", "arguments", "generate_command",
+__all__ = ["point_specs", "model_arg_options", "launcher", "arguments", "generate_command",
            "training_command", "command"]

@@ -13,7 +13,8 @@ norm and mode in :data:`CONFIGS`), so Table 2's brackets and its mIoU come from 
 bottom point (the paper's tuned runs) states them. Every point's body has the architecture
 arguments (``width``, ``preact``) of its ImageNet point, so the checkpoint fits.
 """
-from .plan import PYTHON_M, model_arg_options, training_command
+from ..records.forkserver import PYTHON_M
+from .plan import model_arg_options, training_command
 
 #: Table 2 top's batch compilations: name -> (norm, the capacity point's norm and mode).
 CONFIGS = {
