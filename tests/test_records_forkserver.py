@@ -5,6 +5,7 @@ process that started it. The reference is always the same command under plain ``
 """
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -154,6 +155,16 @@ def test_a_job_whose_import_time_variables_differ_runs_in_a_fresh_process(jobs):
     assert result.returncode == 0 and result.stdout.split() != [str(server.pid)]
     threads = _client(root, socket_path, "parent", OMP_NUM_THREADS="1")  # as Snakemake sets
     assert threads.stdout.split() == [str(server.pid)] and threads.stderr == ""
+
+
+def test_a_client_that_leaves_before_its_refusal_does_not_stop_the_server(jobs, tmp_path):
+    root, socket_path, server = jobs
+    for _ in range(20):  # a refusal to a closed connection: at the latest a broken pipe
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as leaving:
+            leaving.connect(socket_path)
+            forkserver._send(leaving, {"module": "toyjob", "argv": ["parent"],
+                                       "cwd": str(tmp_path), "env": {}}, (0, 1, 2))
+    assert _client(root, socket_path, "parent").stdout.split() == [str(server.pid)]
 
 
 def test_a_cancelled_job_ends(jobs, tmp_path):

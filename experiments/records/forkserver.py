@@ -192,7 +192,10 @@ class Server:
         try:
             refusal = self._refusal(request)
             if refusal:
-                _send(connection, {"refused": refusal})
+                try:
+                    _send(connection, {"refused": refusal})
+                except OSError:  # the client left: it is no one else's concern
+                    pass
                 connection.close()
                 return
             sys.stdout.flush()
