@@ -30,6 +30,12 @@ for the layer and the composite alike. The contenders (:class:`Contenders`):
   training mode (batch statistics), on a buffer refilled from the source before every run;
 * ``copy``: ``dst.copy_(src)`` of one tensor of the same shape (one read and one write), the
   unit of memory traffic;
+* ``whole_steps_fwd_bwd``: the layer's two whole-step operators alone
+  (``layers.ops.forward_step_`` and ``backward_step_``, as InPlace-ABN II calls them) in an
+  in-place autograd function that does nothing else (:class:`WholeStepsBatchNormAct`), on the
+  same kind of input and gradient: the layer without its Python around the kernels (argument
+  checks, the module, the functional's dispatch), which bounds what trimming that Python could
+  gain;
 * ``python_function_floor``: forward + backward of an in-place autograd function that does
   nothing (:class:`InPlaceIdentity`), on the same input and gradient as the layer: the fixed
   cost that any layer written as a Python autograd function pays on top of its kernels (the
@@ -59,6 +65,9 @@ A row of the artifact: ``shape``, ``dtype``, ``tensor_bytes``;
 * ``aten_inplace_over_composite``: ``aten_inplace_fwd_bwd`` / composite forward + backward
   (above 1, the ATen path is no faster path for the sizes where the composite beats the
   layer);
+* ``whole_steps_over_composite``: ``whole_steps_fwd_bwd`` / composite forward + backward
+  (above 1, the layer's kernels and autograd function alone are slower than the composite:
+  no trimming of the Python around them makes the layer as fast);
 
 ``goals`` (ratio -> ``value``, ``comparison`` (``>=`` or ``<=``), ``threshold``, ``met``): the
 speed goals of the row's shape (:data:`SHAPE_GOALS`); ``profile`` (pass -> ``operator``, its
@@ -274,6 +283,43 @@ class AtenInPlaceBatchNormAct(torch.autograd.Function):
         return dx, dgamma * torch.sign(weight), dbias, None, None
 
 
+class WholeStepsBatchNormAct(torch.autograd.Function):
+    """InPlace-ABN II (leaky ReLU, ``|weight| + eps`` scale, training) as the layer's two
+    whole-step operators and nothing else: the forward's ``ops.forward_step_`` on the input's
+    ``(N, C, S)`` view, the backward's ``ops.backward_step_`` writing the input gradient over
+    the incoming one (which the benchmark hands over, as the layer's owned-gradient path
+    does). No argument is checked and no layout chosen: contiguous inputs of parameters of
+    one float dtype only, as the benchmark's are."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var):
+        state = ops.forward_step_(x.view(x.shape[0], x.shape[1], -1), weight, bias,
+                                  running_mean, running_var, True, MOMENTUM, EPS,
+                                  common.ACT_LEAKY_RELU, SLOPE, True)
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(x, state)
+        ctx.param_dtype = weight.dtype
+        return x
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        z, state = ctx.saved_tensors
+        n, c = z.shape[:2]
+        dweight, dbias = ops.backward_step_(z.view(n, c, -1), grad.view(n, c, -1), None, state,
+                                            common.ACT_LEAKY_RELU, SLOPE, common.MODE_Y, True,
+                                            ctx.param_dtype, True, True)
+        return grad, dweight, dbias, None, None
+
+
+class WholeStepsABN(_BatchNormParameters):
+    """:class:`WholeStepsBatchNormAct` as a module, timed like the layers."""
+
+    def forward(self, x):
+        return WholeStepsBatchNormAct.apply(x, self.weight, self.bias, self.running_mean,
+                                            self.running_var)
+
+
 class AtenInPlaceABN(_BatchNormParameters):
     """:class:`AtenInPlaceBatchNormAct` as a module, timed like the layers."""
 
@@ -360,6 +406,7 @@ class Contenders:
                     for variant in ("I", "II")}
         self.composite = CompositeBatchNormAct(channels, options)
         self.aten_inplace = AtenInPlaceABN(channels, options)
+        self.whole_steps = WholeStepsABN(channels, options)
         self.floor = PythonFunctionFloor()
         self.src, self.grad = src, grad
         # Source of the fresh non-leaf inputs of the fwd+bwd runs (:class:`Refill`), and the
@@ -456,6 +503,7 @@ def _timed(shape, dtype, device):
            "inplace_abn_fwd_bwd_II": c.fwd_bwd(c.abn["II"]),
            "composite_fwd_bwd": c.fwd_bwd(c.composite),
            "aten_inplace_fwd_bwd": c.fwd_bwd(c.aten_inplace),
+           "whole_steps_fwd_bwd": c.fwd_bwd(c.whole_steps),
            "inplace_abn_fwd_I": c.forward,
            "copy": c.copy,
            "python_function_floor": c.fwd_bwd(c.floor)}
@@ -463,6 +511,7 @@ def _timed(shape, dtype, device):
               "inplace_abn_fwd_bwd_II": c.fresh_input(c.abn["II"]),
               "composite_fwd_bwd": c.fresh_input(c.composite),
               "aten_inplace_fwd_bwd": c.fresh_input(c.aten_inplace),
+              "whole_steps_fwd_bwd": c.fresh_input(c.whole_steps),
               "inplace_abn_fwd_I": c.refill,
               "python_function_floor": c.fresh_input(c.floor)}
     pass_fns, pass_setups = c.passes()
@@ -482,6 +531,8 @@ def ratios(results):
                                         / median["composite_fwd_bwd"]),
         "aten_inplace_over_composite": (median["aten_inplace_fwd_bwd"]
                                         / median["composite_fwd_bwd"]),
+        "whole_steps_over_composite": (median["whole_steps_fwd_bwd"]
+                                       / median["composite_fwd_bwd"]),
     }
 
 

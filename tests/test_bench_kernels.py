@@ -19,7 +19,8 @@ from in_place_gradient import spy_in_place_backward
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 MEASUREMENTS = ("inplace_abn_fwd_bwd_I", "inplace_abn_fwd_bwd_II", "composite_fwd_bwd",
-                "aten_inplace_fwd_bwd", "inplace_abn_fwd_I", "copy", "python_function_floor")
+                "aten_inplace_fwd_bwd", "whole_steps_fwd_bwd", "inplace_abn_fwd_I", "copy",
+                "python_function_floor")
 ENVIRONMENT_KEYS = ("python", "torch", "numba", "platform", "processor", "cpu_count", "threads",
                     "device", "device_name", "git_commit", "date_utc")
 
@@ -114,12 +115,14 @@ def _results(**medians_ms):
 
 def test_ratios_come_from_the_medians():
     results = _results(inplace_abn_fwd_bwd_I=5.0, inplace_abn_fwd_bwd_II=4.0,
-                       composite_fwd_bwd=20.0, aten_inplace_fwd_bwd=25.0, inplace_abn_fwd_I=1.2,
-                       copy=1.0, python_function_floor=3.0)
+                       composite_fwd_bwd=20.0, aten_inplace_fwd_bwd=25.0,
+                       whole_steps_fwd_bwd=2.0, inplace_abn_fwd_I=1.2, copy=1.0,
+                       python_function_floor=3.0)
     assert bench_kernels.ratios(results) == pytest.approx({
         "speedup_vs_composite": 5.0, "speedup_vs_composite_I": 4.0,
         "fwd_bwd_over_traffic_floor": 4.0 / 3.5, "forward_over_copy": 1.2,
-        "python_floor_over_composite": 0.15, "aten_inplace_over_composite": 1.25})
+        "python_floor_over_composite": 0.15, "aten_inplace_over_composite": 1.25,
+        "whole_steps_over_composite": 0.1})
 
 
 @pytest.mark.parametrize("shape, speedup_goal, traffic_goals", [
@@ -186,11 +189,13 @@ def test_python_function_floor_is_an_in_place_identity():
     torch.testing.assert_close(base.grad, grad * 2, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("shape", [(4, 3, 5, 5), (6, 2, 7)])
-def test_aten_in_place_contender_is_in_place_abn(shape):
-    """The ATen path the benchmark times computes InPlace-ABN: in float64, its output, running
-    statistics and gradients equal those of BN + leaky ReLU on the scale ``|weight| + eps``
-    through autograd (an independent reference), and it writes its output into its input."""
+@pytest.mark.parametrize("contender", ["AtenInPlaceABN", "WholeStepsABN"])
+@pytest.mark.parametrize("shape", [(4, 3, 5, 5), (6, 2, 7), (2, 40, 3, 3)])
+def test_in_place_contender_is_in_place_abn(contender, shape):
+    """The ATen path and the whole-step operators the benchmark times compute InPlace-ABN: in
+    float64, their output, running statistics and gradients equal those of BN + leaky ReLU on
+    the scale ``|weight| + eps`` through autograd (an independent reference), and they write
+    their output into their input."""
     torch.manual_seed(0)
     channels = shape[1]
     options = dict(dtype=torch.float64)
@@ -198,14 +203,14 @@ def test_aten_in_place_contender_is_in_place_abn(shape):
     bias, grad = torch.randn(channels, **options), torch.randn(shape, **options)
     base = torch.randn(shape, **options).mul_(3).add_(1).requires_grad_(True)
 
-    layer = bench_kernels.AtenInPlaceABN(channels, options)
+    layer = getattr(bench_kernels, contender)(channels, options)
     with torch.no_grad():
         layer.weight.copy_(weight)
         layer.bias.copy_(bias)
     x = base * 1
     out = layer(x)
     assert out.data_ptr() == x.data_ptr()
-    out.backward(grad)
+    out.backward(grad.clone())  # a copy: the whole steps write their gradient over it
 
     reference_base = base.detach().clone().requires_grad_(True)
     reference_weight = weight.clone().requires_grad_(True)
@@ -243,16 +248,18 @@ def test_claims_report_lists_every_goal_of_every_run(tmp_path):
     assert "No kernel benchmark yet." in claims.speed_goals(tmp_path / "none")
 
 
-def _sweep_report(speedups_by_dtype, family=(64, 28, 28), floor=None, aten=None):
+def _sweep_report(speedups_by_dtype, family=(64, 28, 28), floor=None, aten=None, steps=None):
     """A report with one row per (dtype, batch) of ``speedups_by_dtype`` ({dtype: {batch:
-    speedup}}), all of one ``family`` of channels and maps; ``floor(batch)`` and
-    ``aten(batch)``: the row's ``python_floor_over_composite`` and
-    ``aten_inplace_over_composite`` (``None``: an artifact that did not time it)."""
+    speedup}}), all of one ``family`` of channels and maps; ``floor(batch)``,
+    ``aten(batch)`` and ``steps(batch)``: the row's ``python_floor_over_composite``,
+    ``aten_inplace_over_composite`` and ``whole_steps_over_composite`` (``None``: an artifact
+    that did not time it)."""
     itemsize = {"float32": 4, "bfloat16": 2}
 
     def ratios(batch, speedup):
         timed = {name: ratio(batch) for name, ratio in (("python_floor_over_composite", floor),
-                                                         ("aten_inplace_over_composite", aten))
+                                                         ("aten_inplace_over_composite", aten),
+                                                         ("whole_steps_over_composite", steps))
                  if ratio is not None}
         return {"speedup_vs_composite": speedup, **timed}
 
@@ -284,13 +291,16 @@ def test_crossover_lies_between_the_last_slower_and_the_first_faster_size():
     assert never["slower_up_to"] == "4x64x28x28 (0.80 MB)" and never["faster_from"] is None
     assert always["python_floor_at_smallest"] is None  # not timed
     assert always["aten_inplace_at_smallest"] is None
-    # The floor's share and the ATen path's ratio at the smallest measured size, whatever the
-    # rows' order.
+    assert always["whole_steps_at_smallest"] is None
+    # The floor's share, the ATen path's and the whole steps' ratios at the smallest measured
+    # size, whatever the rows' order.
     timed = report_bench.crossover(_sweep_report({"float32": {8: 1.2, 2: 0.5, 4: 0.8}},
                                                  floor=lambda batch: 1.0 / batch,
-                                                 aten=lambda batch: 1.0 + batch)).iloc[0]
+                                                 aten=lambda batch: 1.0 + batch,
+                                                 steps=lambda batch: 0.1 * batch)).iloc[0]
     assert timed["python_floor_at_smallest"] == pytest.approx(0.5)
     assert timed["aten_inplace_at_smallest"] == pytest.approx(3.0)
+    assert timed["whole_steps_at_smallest"] == pytest.approx(0.2)
     # A shape measured at one batch size only has no crossover.
     assert report_bench.crossover(_sweep_report({"float32": {8: 0.5}})).empty
 
@@ -301,18 +311,19 @@ def test_claims_report_states_the_crossover(tmp_path):
     write_json_atomic(tmp_path / "bench_kernels" / "smoke-cpu.json",
                       _sweep_report({"bfloat16": {2: 0.5, 4: 1.2},
                                      "float32": {2: 0.5, 4: 0.9}}, floor=lambda batch: 0.6,
-                                    aten=lambda batch: 2.25))
+                                    aten=lambda batch: 2.25, steps=lambda batch: 0.95))
     lines = claims.speed_goals(tmp_path)
     assert "| smoke-cpu | bfloat16 | 64x28x28 | 2 | 2x64x28x28 (0.20 MB) | " \
-           "4x64x28x28 (0.40 MB) | 0.60 | 2.25 |" in lines
+           "4x64x28x28 (0.40 MB) | 0.60 | 2.25 | 0.95 |" in lines
     # Never as fast, beside a dtype that is: said so, not "nan".
     assert "| smoke-cpu | float32 | 64x28x28 | 2 | 4x64x28x28 (0.80 MB) | none measured | " \
-           "0.60 | 2.25 |" in lines
+           "0.60 | 2.25 | 0.95 |" in lines
     untimed = tmp_path / "untimed"
     write_json_atomic(untimed / "bench_kernels" / "smoke-cpu.json",
                       _sweep_report({"bfloat16": {2: 0.5, 4: 1.2}}))
     assert "| smoke-cpu | bfloat16 | 64x28x28 | 2 | 2x64x28x28 (0.20 MB) | " \
-           "4x64x28x28 (0.40 MB) | not timed | not timed |" in claims.speed_goals(untimed)
+           "4x64x28x28 (0.40 MB) | not timed | not timed | not timed |" \
+        in claims.speed_goals(untimed)
     single = tmp_path / "single"
     write_json_atomic(single / "bench_kernels" / "smoke-cpu.json",
                       _sweep_report({"bfloat16": {2: 0.5}}))

@@ -15,6 +15,7 @@ MS = 1e3
 TIMES = {"inplace_abn_fwd_bwd_II": "InPlace-ABN II fwd+bwd (ms)",
          "composite_fwd_bwd": "BN + leaky ReLU fwd+bwd (ms)",
          "inplace_abn_fwd_I": "InPlace-ABN fwd (ms)", "copy": "copy (ms)",
+         "whole_steps_fwd_bwd": "whole-step operators alone fwd+bwd (ms)",
          "python_function_floor": "empty Python autograd function fwd+bwd (ms)"}
 
 
@@ -72,15 +73,17 @@ def table(report):
 def speedups(report):
     """One row per shape and dtype: ``shape``, ``dtype``, ``family`` (``"CxHxW"``: the shape
     without its batch size), ``batch``, ``tensor_mb`` (the tensor's size, MB), ``speedup``
-    (``speedup_vs_composite``), ``python_floor`` (``python_floor_over_composite``) and
-    ``aten_inplace`` (``aten_inplace_over_composite``; each ``None`` in an artifact that did
-    not time it), for the crossover figure."""
+    (``speedup_vs_composite``), ``python_floor`` (``python_floor_over_composite``),
+    ``aten_inplace`` (``aten_inplace_over_composite``) and ``whole_steps``
+    (``whole_steps_over_composite``; each ``None`` in an artifact that did not time it), for
+    the crossover figure."""
     return pd.DataFrame([{"shape": _shape(row), "dtype": row["dtype"],
                           "family": "x".join(map(str, row["shape"][1:])),
                           "batch": row["shape"][0], "tensor_mb": row["tensor_bytes"] / 1e6,
                           "speedup": row["ratios"]["speedup_vs_composite"],
                           "python_floor": row["ratios"].get("python_floor_over_composite"),
-                          "aten_inplace": row["ratios"].get("aten_inplace_over_composite")}
+                          "aten_inplace": row["ratios"].get("aten_inplace_over_composite"),
+                          "whole_steps": row["ratios"].get("whole_steps_over_composite")}
                          for row in report["rows"]])
 
 
@@ -103,8 +106,10 @@ def crossover(report):
     ``InPlaceABN`` is at least as fast at every larger one; ``None``: not even the largest),
     ``python_floor_at_smallest`` (``python_floor_over_composite`` at the smallest measured
     size: the share of the composite's time that an in-place Python autograd function doing
-    nothing takes) and ``aten_inplace_at_smallest`` (``aten_inplace_over_composite`` there: the
-    in-place layer on ATen operators over the composite; both ``None`` where not timed). The
+    nothing takes), ``aten_inplace_at_smallest`` (``aten_inplace_over_composite`` there: the
+    in-place layer on ATen operators over the composite) and ``whole_steps_at_smallest``
+    (``whole_steps_over_composite`` there: the layer's whole-step operators alone over the
+    composite; each ``None`` where not timed). The
     crossover lies between the two shapes; a family whose speedup goes below 1 again at a
     larger size has its ``slower_up_to`` above its first fast size, which the row shows as it
     is.
@@ -125,11 +130,13 @@ def crossover(report):
                         "slower_up_to": _shape_and_size(last_slow),
                         "faster_from": _shape_and_size(first_fast),
                         "python_floor_at_smallest": _optional_ratio(smallest["python_floor"]),
-                        "aten_inplace_at_smallest": _optional_ratio(smallest["aten_inplace"])})
+                        "aten_inplace_at_smallest": _optional_ratio(smallest["aten_inplace"]),
+                        "whole_steps_at_smallest": _optional_ratio(smallest["whole_steps"])})
     # object columns: a missing shape stays None beside strings (a string column makes it NaN)
     frame = pd.DataFrame(records, columns=["dtype", "family", "sizes", "slower_up_to",
                                            "faster_from", "python_floor_at_smallest",
-                                           "aten_inplace_at_smallest"],
+                                           "aten_inplace_at_smallest",
+                                           "whole_steps_at_smallest"],
                          dtype=object)
     return frame.astype({"sizes": int})
 

@@ -620,7 +620,8 @@ def crossover_lines(artifacts, found):
     header = ["run", "dtype", "shapes (C x H x W)", "sizes", "composite faster up to",
               "InPlace-ABN at least as fast from",
               "empty Python autograd function / composite, smallest size",
-              "InPlace-ABN on ATen operators / composite, smallest size"]
+              "InPlace-ABN on ATen operators / composite, smallest size",
+              "whole-step operators alone / composite, smallest size"]
     rows = []
     for run in found:
         for point in bench_kernels.crossover(bench_kernels.load(run, artifacts)).itertuples():
@@ -629,18 +630,21 @@ def crossover_lines(artifacts, found):
                          point.faster_from or "none measured",
                          *("not timed" if ratio is None else f"{ratio:.2f}"
                            for ratio in (point.python_floor_at_smallest,
-                                         point.aten_inplace_at_smallest))])
+                                         point.aten_inplace_at_smallest,
+                                         point.whole_steps_at_smallest))])
     if not rows:
         return []
     lines = ["", "The crossover: the same channels and maps at several batch sizes (figure: "
              "the last panel of `figures/<run>/bench_kernels.png`). Below it the fixed cost of "
              "a call (the layer's Python, its per-channel steps and autograd function, waking "
-             "numba's thread pool) outweighs the memory traffic saved. The last two columns, at "
+             "numba's thread pool) outweighs the memory traffic saved. The last three columns, at "
              "the smallest size, over the composite's time: an in-place Python autograd "
              "function that does nothing, forward + backward (the part of the composite's time "
-             "that the layer spends before any kernel runs), and the same in-place layer "
+             "that the layer spends before any kernel runs), the same in-place layer "
              "written with ATen operators (above 1, no faster path to dispatch small tensors "
-             "to).", "",
+             "to), and the layer's two whole-step operators alone in such a function (above 1, "
+             "no trimming of the layer's Python around its kernels makes it as fast as the "
+             "composite).", "",
              "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return lines + ["| " + " | ".join(_escape(c) for c in cells) + " |" for cells in rows]
 
