@@ -17,9 +17,9 @@ for the layer and the composite alike. The contenders (:class:`Contenders`):
 * ``inplace_abn_fwd_bwd_I`` / ``inplace_abn_fwd_bwd_II``: ``InPlaceABN`` (training mode,
   leaky ReLU 0.01) forward + backward. The input is a fresh non-leaf copy of a fixed one for
   every run (:class:`Refill`), as an in-place layer needs, and the incoming gradient a fresh
-  copy of a fixed one that
-  the backward receives as in a network, from the next layer's backward, which holds it no
-  longer (:class:`HandOver`): the layer may then write its input gradient over it
+  copy of a fixed one that the backward receives as in a network, from the next layer's
+  backward, which holds it no longer (:class:`HandOver`): the layer may then write its input
+  gradient over it
   (:func:`layers.functional.owned_gradient`);
 * ``composite_fwd_bwd``: ``F.batch_norm(training=True)`` + ``F.leaky_relu(0.01)`` forward +
   backward through autograd, on the same kind of input and gradient;
@@ -409,10 +409,9 @@ class Contenders:
         self.whole_steps = WholeStepsABN(channels, options)
         self.floor = PythonFunctionFloor()
         self.src, self.grad = src, grad
-        # Source of the fresh non-leaf inputs of the fwd+bwd runs (:class:`Refill`), and the
-        # buffer they are refilled into.
+        # Source of the fresh non-leaf inputs of the fwd+bwd runs (:class:`Refill`); they and
+        # the in-place runs of :meth:`refill` reuse one buffer, refilled before every run.
         self._base = src.clone().requires_grad_(True)
-        self._input = torch.empty_like(src)
         self._buffer = torch.empty_like(src)
         self._grad_buffer = torch.empty_like(grad)
         self._dst = torch.empty_like(src)
@@ -429,7 +428,7 @@ class Contenders:
             module.zero_grad(set_to_none=True)
             grad = torch.empty_like(self.grad) if grad is None else grad
             # detached: the buffer's history from the previous run stays out of this one
-            return Refill.apply(self._base, self._input.detach()), [grad.copy_(self.grad)]
+            return Refill.apply(self._base, self._buffer.detach()), [grad.copy_(self.grad)]
         return setup
 
     def backward(self, out, box):
