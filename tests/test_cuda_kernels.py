@@ -92,3 +92,23 @@ def simulator_runs():
 def test_kernels_match_reference_under_simulator(simulator_runs, shard):
     output, _ = simulator_runs[shard].communicate(timeout=600)
     assert simulator_runs[shard].returncode == 0, output
+
+
+def test_simulated_launch_shortens_the_switch_interval_and_restores_it():
+    """Under the simulator a launch runs with ``SIMULATOR_SWITCH_INTERVAL_S``; the interval the
+    process had comes back after it, also when the kernel raises."""
+    from layers.kernels import cuda as kernels
+
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.003)
+        seen = []
+        with kernels._simulated_launch():
+            seen.append(sys.getswitchinterval())
+        assert seen == [pytest.approx(kernels.SIMULATOR_SWITCH_INTERVAL_S)]
+        assert sys.getswitchinterval() == pytest.approx(0.003)
+        with pytest.raises(ZeroDivisionError), kernels._simulated_launch():
+            1 / 0
+        assert sys.getswitchinterval() == pytest.approx(0.003)
+    finally:
+        sys.setswitchinterval(before)
