@@ -49,6 +49,7 @@ from ..records.atomic import write_json_atomic
 from ..records.environment import describe_environment
 from ..records.point import DTYPES, SEED
 from . import tensor_memory
+from .meta_batch_norm import MetaBatchNorm
 from .saved_tensors import saved_storage_records
 from .tensor_memory import step_memory, training_state_tracker
 from .timing import time_callable
@@ -235,7 +236,7 @@ def lower_bound_parts(model, input_shape, dtype=torch.float32):
     model = model.to(device="meta", dtype=dtype).train()
     handles = [m.register_forward_hook(count) for m in model.modules()]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), MetaBatchNorm():
             model(torch.empty(input_shape, device="meta", dtype=dtype))
     finally:
         for handle in handles:

@@ -1,0 +1,121 @@
+"""Batch norm on the meta device without torch's decompositions
+(experiments.measure.meta_batch_norm): every output's shape, strides, dtype and storage size
+against torch's own meta implementation, the cases it leaves to torch, and the simulated step
+memory with and without it."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from experiments.measure import meta_batch_norm
+from experiments.measure.meta_batch_norm import MetaBatchNorm
+from experiments.measure.step import ModelSpec, architecture, simulated_step_memory
+
+aten = torch.ops.aten
+#: (shape, memory format): dense layouts of every rank, with size-1 dimensions among them.
+LAYOUTS = [((4, 6, 5, 3), torch.contiguous_format), ((4, 6, 5, 3), torch.channels_last),
+           ((1, 6, 5, 3), torch.channels_last), ((4, 6, 1, 1), torch.channels_last),
+           ((4, 1, 5, 3), torch.contiguous_format), ((2, 3, 2, 2, 2), torch.channels_last_3d),
+           ((3, 6), torch.contiguous_format), ((2, 6, 7), torch.contiguous_format)]
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+def describe(outputs):
+    """What a meta output is: shape, strides, dtype and storage bytes (``None`` stays)."""
+    return [None if t is None else (tuple(t.shape), t.stride(), t.dtype,
+                                    t.untyped_storage().nbytes(), t.storage_offset())
+            for t in outputs]
+
+
+def meta(shape, dtype=torch.float32, memory_format=torch.contiguous_format):
+    return torch.empty(shape, dtype=dtype, device="meta", memory_format=memory_format)
+
+
+def forward_args(shape, memory_format, dtype, affine, stats, training, weight_dtype=None):
+    channels = shape[1]
+    vector = (lambda d: meta(channels, d))
+    weight_dtype = weight_dtype or dtype
+    return (meta(shape, dtype, memory_format),
+            vector(weight_dtype) if affine else None, vector(weight_dtype) if affine else None,
+            vector(weight_dtype) if stats else None, vector(weight_dtype) if stats else None,
+            training, 0.1, 1e-5)
+
+
+@pytest.mark.parametrize("shape, memory_format", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_forward_outputs_are_torchs(shape, memory_format, dtype):
+    for training, affine, stats, weight_dtype in [
+            (True, True, True, None), (True, False, False, None), (False, True, True, None),
+            (False, False, True, None), (True, True, True, torch.float32)]:
+        args = forward_args(shape, memory_format, dtype, affine, stats, training, weight_dtype)
+        fast = meta_batch_norm._forward(*args)
+        assert fast is not None
+        assert describe(fast) == describe(aten.native_batch_norm.default(*args)), args[1:]
+
+
+@pytest.mark.parametrize("shape, memory_format", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_backward_outputs_are_torchs(shape, memory_format, dtype):
+    statistics = torch.float64 if dtype == torch.float64 else torch.float32
+    layouts = [memory_format, torch.contiguous_format]
+    for grad_format, input_format in [(a, b) for a in layouts for b in layouts]:
+        for train, weight_dtype, mask in [
+                (True, dtype, [True, True, True]), (True, None, [True, False, False]),
+                (False, dtype, [True, True, False]), (True, torch.float32, [False, True, True])]:
+            weight = None if weight_dtype is None else meta(shape[1], weight_dtype)
+            args = (meta(shape, dtype, grad_format), meta(shape, dtype, input_format), weight,
+                    meta(shape[1], dtype), meta(shape[1], dtype), meta(shape[1], statistics),
+                    meta(shape[1], statistics), train, 1e-5, mask)
+            want = describe(aten.native_batch_norm_backward.default(*args))
+            fast = meta_batch_norm._backward(*args)
+            if args[0].stride() != args[1].stride():  # mixed layouts: left to torch
+                assert fast is None
+                fast = meta_batch_norm.call(aten.native_batch_norm_backward.default, args, {})
+            assert describe(fast) == want, (grad_format, input_format, train, weight_dtype, mask)
+
+
+def test_other_cases_are_left_to_torch():
+    """Empty tensors, one value per channel, strided views and real tensors run torch's own
+    implementation: the same outputs, or the same error."""
+    empty = forward_args((0, 6, 3, 3), torch.channels_last, torch.float32, True, True, True)
+    assert meta_batch_norm._forward(*empty) is None
+    assert describe(meta_batch_norm.call(aten.native_batch_norm.default, empty, {})) == \
+        describe(aten.native_batch_norm.default(*empty))
+
+    single = forward_args((1, 6, 1, 1), torch.contiguous_format, torch.float32, True, True, True)
+    assert meta_batch_norm._forward(*single) is None
+    with pytest.raises(ZeroDivisionError):  # torch's meta decomposition divides by n - 1 = 0
+        meta_batch_norm.call(aten.native_batch_norm.default, single, {})
+
+    view = meta((4, 12, 5, 3))[:, ::2]
+    strided = (view, *forward_args((4, 6, 5, 3), torch.contiguous_format, torch.float32, True,
+                                   True, True)[1:])
+    assert meta_batch_norm._forward(*strided) is None
+    assert describe(meta_batch_norm.call(aten.native_batch_norm.default, strided, {})) == \
+        describe(aten.native_batch_norm.default(*strided))
+
+    x = torch.randn(4, 6, 5, 3, generator=torch.Generator().manual_seed(0))
+    with MetaBatchNorm():
+        y = F.batch_norm(x, None, None, training=True)
+    torch.testing.assert_close(y, F.batch_norm(x, None, None, training=True))
+
+
+def test_mode_answers_batch_norm_with_keyword_arguments():
+    args = forward_args((4, 6, 5, 3), torch.channels_last, torch.bfloat16, True, True, True)
+    names = ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum",
+             "eps")
+    got = meta_batch_norm.call(aten.native_batch_norm.default, (), dict(zip(names, args)))
+    assert describe(got) == describe(aten.native_batch_norm.default(*args))
+
+
+@pytest.mark.parametrize("impl", ["naive", "checkpoint"])
+def test_simulated_step_and_lower_bound_do_not_change(monkeypatch, impl):
+    """A simulated step's memory by kind and the architecture's lower bound are the same with
+    torch's meta batch norm (the fast path switched off)."""
+    spec = ModelSpec("densenet_bc", 22, 12, impl=impl)
+    shape = (8, 3, 32, 32)
+    fast = simulated_step_memory(spec, shape), architecture(spec, shape)
+    monkeypatch.setattr(meta_batch_norm, "_FAST", {})
+    slow = simulated_step_memory(spec, shape), architecture(spec, shape)
+    assert fast[0].record() == slow[0].record()
+    assert fast[0].peak_by_kind == slow[0].peak_by_kind
+    assert fast[1] == slow[1]
