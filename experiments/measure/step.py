@@ -49,7 +49,7 @@ from ..records.atomic import write_json_atomic
 from ..records.environment import describe_environment
 from ..records.point import DTYPES, SEED
 from . import tensor_memory
-from .meta_batch_norm import MetaBatchNorm
+from .fast_meta import FastMeta
 from .saved_tensors import saved_storage_records
 from .tensor_memory import step_memory, training_state_tracker
 from .timing import time_callable
@@ -236,7 +236,7 @@ def lower_bound_parts(model, input_shape, dtype=torch.float32):
     model = model.to(device="meta", dtype=dtype).train()
     handles = [m.register_forward_hook(count) for m in model.modules()]
     try:
-        with torch.no_grad(), MetaBatchNorm():
+        with torch.no_grad(), FastMeta():
             model(torch.empty(input_shape, device="meta", dtype=dtype))
     finally:
         for handle in handles:
@@ -294,7 +294,7 @@ def _reference_model(spec):
     """``spec``'s architecture as a naive BN DenseNet on the meta device (shapes only)."""
     model = "densenet_bc" if spec.model == "torchvision_densenet" else spec.model
     reference = dataclasses.replace(spec, model=model, impl="naive", norm="bn")
-    with torch.device("meta"):
+    with torch.device("meta"), FastMeta():
         return reference.build()
 
 
@@ -372,7 +372,7 @@ def simulated_step_memory(spec, input_shape, dtype=torch.float32, momentum=0.9,
     on ``input_shape``, simulated on the meta device (no data, no compute, no memory): forward,
     cross-entropy, backward and an SGD step with momentum (the papers' CIFAR recipe keeps one
     momentum buffer per parameter), in the steady state (gradients and momentum allocated)."""
-    with torch.device("meta"):
+    with torch.device("meta"), FastMeta():
         model = spec.build().to(dtype=dtype).train()
         x = torch.empty(input_shape, dtype=dtype)
         target = torch.zeros(input_shape[0], dtype=torch.long)

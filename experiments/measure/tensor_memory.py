@@ -36,7 +36,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from . import meta_batch_norm
+from . import fast_meta
 
 PARAMETERS = "parameters"
 GRADIENTS = "gradients"
@@ -124,7 +124,7 @@ class TensorMemoryTracker(TorchDispatchMode):
 
     # ------------------------------------------------------------------ operations
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = meta_batch_norm.call(func, args, kwargs or {})
+        out = fast_meta.call(func, args, kwargs or {})
         inputs = {storage_key(t) for t in tree_leaves((args, kwargs))
                   if isinstance(t, torch.Tensor)}
         for tensor in tree_leaves(out):

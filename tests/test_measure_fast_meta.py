@@ -1,13 +1,12 @@
-"""Batch norm on the meta device without torch's decompositions
-(experiments.measure.meta_batch_norm): every output's shape, strides, dtype and storage size
-against torch's own meta implementation, the cases it leaves to torch, and the simulated step
-memory with and without it."""
+"""Operations on the meta device without torch's decompositions (experiments.measure.fast_meta):
+every output's shape, strides, dtype and storage size against torch's own meta implementation,
+the cases left to torch, and the simulated step memory with and without them."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from experiments.measure import meta_batch_norm
-from experiments.measure.meta_batch_norm import MetaBatchNorm
+from experiments.measure import fast_meta
+from experiments.measure.fast_meta import FastMeta
 from experiments.measure.step import ModelSpec, architecture, simulated_step_memory
 
 aten = torch.ops.aten
@@ -47,7 +46,7 @@ def test_forward_outputs_are_torchs(shape, memory_format, dtype):
             (True, True, True, None), (True, False, False, None), (False, True, True, None),
             (False, False, True, None), (True, True, True, torch.float32)]:
         args = forward_args(shape, memory_format, dtype, affine, stats, training, weight_dtype)
-        fast = meta_batch_norm._forward(*args)
+        fast = fast_meta._batch_norm(*args)
         assert fast is not None
         assert describe(fast) == describe(aten.native_batch_norm.default(*args)), args[1:]
 
@@ -66,10 +65,10 @@ def test_backward_outputs_are_torchs(shape, memory_format, dtype):
                     meta(shape[1], dtype), meta(shape[1], dtype), meta(shape[1], statistics),
                     meta(shape[1], statistics), train, 1e-5, mask)
             want = describe(aten.native_batch_norm_backward.default(*args))
-            fast = meta_batch_norm._backward(*args)
+            fast = fast_meta._batch_norm_backward(*args)
             if args[0].stride() != args[1].stride():  # mixed layouts: left to torch
                 assert fast is None
-                fast = meta_batch_norm.call(aten.native_batch_norm_backward.default, args, {})
+                fast = fast_meta.call(aten.native_batch_norm_backward.default, args, {})
             assert describe(fast) == want, (grad_format, input_format, train, weight_dtype, mask)
 
 
@@ -77,24 +76,24 @@ def test_other_cases_are_left_to_torch():
     """Empty tensors, one value per channel, strided views and real tensors run torch's own
     implementation: the same outputs, or the same error."""
     empty = forward_args((0, 6, 3, 3), torch.channels_last, torch.float32, True, True, True)
-    assert meta_batch_norm._forward(*empty) is None
-    assert describe(meta_batch_norm.call(aten.native_batch_norm.default, empty, {})) == \
+    assert fast_meta._batch_norm(*empty) is None
+    assert describe(fast_meta.call(aten.native_batch_norm.default, empty, {})) == \
         describe(aten.native_batch_norm.default(*empty))
 
     single = forward_args((1, 6, 1, 1), torch.contiguous_format, torch.float32, True, True, True)
-    assert meta_batch_norm._forward(*single) is None
+    assert fast_meta._batch_norm(*single) is None
     with pytest.raises(ZeroDivisionError):  # torch's meta decomposition divides by n - 1 = 0
-        meta_batch_norm.call(aten.native_batch_norm.default, single, {})
+        fast_meta.call(aten.native_batch_norm.default, single, {})
 
     view = meta((4, 12, 5, 3))[:, ::2]
     strided = (view, *forward_args((4, 6, 5, 3), torch.contiguous_format, torch.float32, True,
                                    True, True)[1:])
-    assert meta_batch_norm._forward(*strided) is None
-    assert describe(meta_batch_norm.call(aten.native_batch_norm.default, strided, {})) == \
+    assert fast_meta._batch_norm(*strided) is None
+    assert describe(fast_meta.call(aten.native_batch_norm.default, strided, {})) == \
         describe(aten.native_batch_norm.default(*strided))
 
     x = torch.randn(4, 6, 5, 3, generator=torch.Generator().manual_seed(0))
-    with MetaBatchNorm():
+    with FastMeta():
         y = F.batch_norm(x, None, None, training=True)
     torch.testing.assert_close(y, F.batch_norm(x, None, None, training=True))
 
@@ -103,18 +102,75 @@ def test_mode_answers_batch_norm_with_keyword_arguments():
     args = forward_args((4, 6, 5, 3), torch.channels_last, torch.bfloat16, True, True, True)
     names = ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum",
              "eps")
-    got = meta_batch_norm.call(aten.native_batch_norm.default, (), dict(zip(names, args)))
+    got = fast_meta.call(aten.native_batch_norm.default, (), dict(zip(names, args)))
     assert describe(got) == describe(aten.native_batch_norm.default(*args))
 
 
-@pytest.mark.parametrize("impl", ["naive", "checkpoint"])
-def test_simulated_step_and_lower_bound_do_not_change(monkeypatch, impl):
+ELEMENT_WISE = {
+    "add": lambda a, b: aten.add.Tensor(a, b),
+    "add_alpha": lambda a, b: aten.add.Tensor(a, b, alpha=0.5),
+    "mul": lambda a, b: aten.mul.Tensor(a, b),
+    "threshold_backward": lambda a, b: aten.threshold_backward.default(a, b, 0.0),
+    "relu": lambda a, b: aten.relu.default(a),
+}
+
+
+@pytest.mark.parametrize("op", list(ELEMENT_WISE))
+@pytest.mark.parametrize("shape, memory_format", LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_element_wise_outputs_are_torchs(op, shape, memory_format, dtype):
+    a, b = meta(shape, dtype, memory_format), meta(shape, dtype, memory_format)
+    with FastMeta():
+        got = describe([ELEMENT_WISE[op](a, b)])
+    assert got == describe([ELEMENT_WISE[op](a, b)])
+
+
+@pytest.mark.parametrize("overload", [aten.add.Tensor, aten.mul.Tensor,
+                                      aten.threshold_backward.default], ids=str)
+def test_element_wise_cases_left_to_torch(overload):
+    """Broadcasting, mixed layouts or dtypes, views, integers: torch's own outputs."""
+    x = meta((4, 6, 5, 3))
+    extra = (0.0,) if overload is aten.threshold_backward.default else ()
+    for a, b in [(x, meta((4, 6, 5, 3), memory_format=torch.channels_last)),
+                 (meta((4, 6, 5, 3), torch.bfloat16), x), (x, meta((4, 6, 10, 3))[:, :, ::2]),
+                 (meta((4, 6), torch.int64), meta((4, 6), torch.int64)),
+                 *([] if extra else [(x, meta((1, 6, 1, 1)))])]:  # broadcasting
+        assert fast_meta._FAST[overload](a, b, *extra) is None
+        assert describe([fast_meta.call(overload, (a, b, *extra), {})]) == \
+            describe([overload(a, b, *extra)])
+
+
+def test_normal_on_meta_returns_the_tensor_and_draws_nothing():
+    weight = meta((8, 4, 3, 3), memory_format=torch.channels_last)
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    assert fast_meta._FAST[aten.normal_.default](weight, 0.0, 1.0) is weight
+    with FastMeta():
+        assert torch.nn.init.kaiming_normal_(weight) is weight
+    assert describe([weight]) == describe([meta((8, 4, 3, 3), memory_format=torch.channels_last)])
+    assert torch.equal(torch.get_rng_state(), state)  # as torch's meta normal_
+    real = torch.zeros(3)
+    with FastMeta():
+        real.normal_()
+    assert real.abs().sum() > 0  # real tensors are drawn as ever
+
+
+SIMULATED = {
+    "densenet-naive-bn": lambda: ModelSpec("densenet_bc", 22, 12, impl="naive"),
+    "densenet-checkpoint-bn": lambda: ModelSpec("densenet_bc", 22, 12, impl="checkpoint"),
+    "densenet-shared_inplace-iabn": lambda: ModelSpec("densenet_bc", 22, 12,
+                                                      impl="shared_inplace", norm="iabn"),
+}
+
+
+@pytest.mark.parametrize("case", list(SIMULATED))
+def test_simulated_step_and_lower_bound_do_not_change(monkeypatch, case):
     """A simulated step's memory by kind and the architecture's lower bound are the same with
-    torch's meta batch norm (the fast path switched off)."""
-    spec = ModelSpec("densenet_bc", 22, 12, impl=impl)
+    torch's own meta implementations (the fast paths switched off)."""
+    spec = SIMULATED[case]()
     shape = (8, 3, 32, 32)
     fast = simulated_step_memory(spec, shape), architecture(spec, shape)
-    monkeypatch.setattr(meta_batch_norm, "_FAST", {})
+    monkeypatch.setattr(fast_meta, "_FAST", {})
     slow = simulated_step_memory(spec, shape), architecture(spec, shape)
     assert fast[0].record() == slow[0].record()
     assert fast[0].peak_by_kind == slow[0].peak_by_kind
