@@ -125,16 +125,56 @@ def test_element_wise_outputs_are_torchs(op, shape, memory_format, dtype):
     assert got == describe([ELEMENT_WISE[op](a, b)])
 
 
+def _second_operands(first):
+    """Operands for ``add`` and ``mul`` beside ``first``: dense, channel slices of larger
+    tensors (contiguous and channels-last), a transposed view, an expanded vector, numbers and
+    another dtype."""
+    shape, dtype = first.shape, first.dtype
+    wider = (shape[0], 2 * shape[1], *shape[2:])
+    operands = [meta(shape, dtype), meta(wider, dtype)[:, 1:shape[1] + 1],
+                meta(wider, dtype).narrow(1, 2, shape[1]), 2.0, 3,
+                meta(shape, torch.float64 if dtype != torch.float64 else torch.float32)]
+    if first.dim() == 4:
+        operands += [meta(wider, dtype, torch.channels_last)[:, :shape[1]],
+                     meta((shape[0], shape[1], shape[3], shape[2]), dtype).transpose(2, 3),
+                     meta((1, shape[1], 1, 1), dtype).expand(shape)]
+    return operands
+
+
+@pytest.mark.parametrize("overload", [aten.add.Tensor, aten.mul.Tensor], ids=str)
+@pytest.mark.parametrize("first", [
+    ((4, 6, 5, 3), torch.float32, torch.contiguous_format),
+    ((4, 6, 5, 3), torch.float32, torch.channels_last),
+    ((4, 6, 5, 3), torch.bfloat16, torch.contiguous_format),
+    ((3, 6), torch.float32, torch.contiguous_format),
+    ((2, 3, 2, 2, 2), torch.float32, torch.channels_last_3d),
+    ((1, 6, 5, 3), torch.float32, torch.channels_last),  # size 1: left to torch with a view
+    ((4, 6, 1, 3), torch.float32, torch.contiguous_format)], ids=str)
+def test_add_and_mul_with_a_view_or_a_number_are_torchs(overload, first):
+    a = meta(*first)
+    taken = 0
+    for b in _second_operands(a):
+        taken += fast_meta._FAST[overload](a, b) is not None
+        assert describe([fast_meta.call(overload, (a, b), {})]) == describe([overload(a, b)]), b
+    assert taken >= 2  # the numbers at least
+
+
 @pytest.mark.parametrize("overload", [aten.add.Tensor, aten.mul.Tensor,
                                       aten.threshold_backward.default], ids=str)
 def test_element_wise_cases_left_to_torch(overload):
-    """Broadcasting, mixed layouts or dtypes, views, integers: torch's own outputs."""
+    """Mixed dtypes, integers, broadcasting (``add``, ``mul``), and for ``threshold_backward``
+    mixed layouts and views too: torch's own outputs."""
     x = meta((4, 6, 5, 3))
-    extra = (0.0,) if overload is aten.threshold_backward.default else ()
-    for a, b in [(x, meta((4, 6, 5, 3), memory_format=torch.channels_last)),
-                 (meta((4, 6, 5, 3), torch.bfloat16), x), (x, meta((4, 6, 10, 3))[:, :, ::2]),
-                 (meta((4, 6), torch.int64), meta((4, 6), torch.int64)),
-                 *([] if extra else [(x, meta((1, 6, 1, 1)))])]:  # broadcasting
+    cases = [(meta((4, 6, 5, 3), torch.bfloat16), x),
+             (meta((4, 6), torch.int64), meta((4, 6), torch.int64))]
+    if overload is aten.threshold_backward.default:
+        extra = (0.0,)
+        cases += [(x, meta((4, 6, 5, 3), memory_format=torch.channels_last)),
+                  (x, meta((4, 6, 10, 3))[:, :, ::2])]
+    else:
+        extra = ()
+        cases += [(x, meta((1, 6, 1, 1)))]
+    for a, b in cases:
         assert fast_meta._FAST[overload](a, b, *extra) is None
         assert describe([fast_meta.call(overload, (a, b, *extra), {})]) == \
             describe([overload(a, b, *extra)])

@@ -21,7 +21,10 @@ give (``tests/test_measure_fast_meta.py`` compares them, case by case):
   ``(C,)`` in the weight's dtype (the input's without a weight), each only where
   ``output_mask`` asks for it;
 * ``relu``, and ``add``, ``mul`` and ``threshold_backward`` of two tensors of one shape,
-  layout and floating dtype: an output like the (first) input;
+  layout and floating dtype: an output like the (first) input; ``add`` and ``mul`` also of a
+  tensor and a number, or of a tensor with no dimension of size 1 and a view of its shape and
+  dtype in another layout (a channel slice of a larger tensor), whose strides torch's own
+  implementation does not consult then;
 * ``normal_``: the tensor itself, as every in-place operation returns it (on the meta device
   there are no values to draw).
 
@@ -113,7 +116,19 @@ def _relu(self):
 
 
 def _add_or_mul(self, other, **alpha):
-    return _like_operands(self, other)
+    """Also where ``other`` is a number, or a view of ``self``'s shape and dtype in any layout
+    (autograd adds a DenseNet's feature-map gradients into channel slices of a shared storage
+    this way, a number of times that grows with the square of the depth): torch lays the
+    output out as the first operand whose strides order two dimensions, so ``self`` decides
+    every order when its strides are all distinct, as in a dense tensor without dimensions of
+    size 1."""
+    if isinstance(other, (int, float)) and not isinstance(other, bool):
+        return _like_operands(self)
+    if (isinstance(other, torch.Tensor) and other.is_meta and other.shape == self.shape
+            and other.dtype == self.dtype and all(size > 1 for size in self.shape)
+            and _same_dense_layout(self)):
+        return _like(self)
+    return None
 
 
 def _threshold_backward(grad_output, self, threshold):
