@@ -57,21 +57,22 @@ def _memory_format(tensor):
     return next((f for f in formats if _dense_strides(tensor.shape, f) == stride), None)
 
 
-def _same_dense_layout(*tensors):
-    """Whether ``tensors`` are meta tensors of one shape, strides and floating dtype, laid out
-    densely in one of torch's memory formats."""
+def _shared_dense_format(*tensors):
+    """The memory format in which ``tensors``, meta tensors of one shape, strides and floating
+    dtype, are all laid out densely, or ``None`` (other tensors, or no such format)."""
     first = tensors[0]
-    return (all(isinstance(t, torch.Tensor) and t.is_meta and t.shape == first.shape
+    if not (all(isinstance(t, torch.Tensor) and t.is_meta and t.shape == first.shape
                 and t.stride() == first.stride() and t.dtype == first.dtype
                 and t.storage_offset() == 0 for t in tensors)
-            and first.dtype.is_floating_point and first.numel() > 0
-            and _memory_format(first) is not None)
+            and first.dtype.is_floating_point and first.numel() > 0):
+        return None
+    return _memory_format(first)
 
 
-def _like(tensor, dtype=None):
-    """A new meta tensor of ``tensor``'s shape and memory format."""
+def _new(tensor, memory_format, dtype=None):
+    """A new meta tensor of ``tensor``'s shape in ``memory_format`` (and ``tensor``'s dtype)."""
     return torch.empty(tensor.shape, dtype=dtype or tensor.dtype, device="meta",
-                       memory_format=_memory_format(tensor))
+                       memory_format=memory_format)
 
 
 def _computation_dtype(dtype):
@@ -82,33 +83,39 @@ def _channel_vector(input, dtype):
     return torch.empty(input.shape[1], dtype=dtype, device="meta")
 
 
-def _batch_norm_fast(*tensors):
-    """Whether batch norm on ``tensors`` (the activation-sized arguments) is answered here."""
+def _batch_norm_format(*tensors):
+    """The memory format of ``tensors`` (the activation-sized arguments) where batch norm on
+    them is answered here, or ``None``."""
     first = tensors[0]
-    return first.dim() >= 2 and first.numel() > first.shape[1] and _same_dense_layout(*tensors)
+    if first.dim() < 2 or first.numel() <= first.shape[1]:
+        return None
+    return _shared_dense_format(*tensors)
 
 
 def _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
-    if not _batch_norm_fast(input):
+    memory_format = _batch_norm_format(input)
+    if memory_format is None:
         return None
     statistics_dtype = _computation_dtype(input.dtype)
-    return (_like(input),
+    return (_new(input, memory_format),
             _channel_vector(input, statistics_dtype), _channel_vector(input, statistics_dtype))
 
 
 def _batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean,
                          save_invstd, train, eps, output_mask):
-    if not _batch_norm_fast(grad_out, input):
+    memory_format = _batch_norm_format(grad_out, input)
+    if memory_format is None:
         return None
     parameter_dtype = input.dtype if weight is None else weight.dtype
-    return (_like(input),
+    return (_new(input, memory_format),
             _channel_vector(input, parameter_dtype) if output_mask[1] else None,
             _channel_vector(input, parameter_dtype) if output_mask[2] else None)
 
 
 def _like_operands(*operands):
     """An output like the first of ``operands`` where they share one dense layout."""
-    return _like(operands[0]) if _same_dense_layout(*operands) else None
+    memory_format = _shared_dense_format(*operands)
+    return None if memory_format is None else _new(operands[0], memory_format)
 
 
 def _relu(self):
@@ -125,9 +132,8 @@ def _add_or_mul(self, other, **alpha):
     if isinstance(other, (int, float)) and not isinstance(other, bool):
         return _like_operands(self)
     if (isinstance(other, torch.Tensor) and other.is_meta and other.shape == self.shape
-            and other.dtype == self.dtype and all(size > 1 for size in self.shape)
-            and _same_dense_layout(self)):
-        return _like(self)
+            and other.dtype == self.dtype and all(size > 1 for size in self.shape)):
+        return _like_operands(self)
     return None
 
 
