@@ -483,7 +483,9 @@ def test_whole_steps_do_not_depend_on_the_channel_block(dtype, mode, monkeypatch
     the cache size and the thread count); each channel's sums run in the same order whatever
     the block, so the output, the statistics and every gradient are bitwise the same with
     blocks of one channel, of three (and a remainder) and of all of them, the backward
-    reading ``y`` or the stored ``x``. Not marked ``kernels``: it is about ``cpu.py``."""
+    reading ``y`` or the stored ``x``, and with and without prefetching the next block
+    (``cpu._prefetch_ahead``, forced on here, at every block size). Not marked ``kernels``:
+    it is about ``cpu.py``."""
     from layers.kernels import common, cpu
 
     generator = torch.Generator().manual_seed(5)
@@ -494,8 +496,11 @@ def test_whole_steps_do_not_depend_on_the_channel_block(dtype, mode, monkeypatch
     bias = torch.randn(channels, generator=generator)
     backward_mode = {"y": common.MODE_Y, "x": common.MODE_XHAT_FROM_X}[mode]
     results = []
-    for block in (1, 3, channels):
+    settings = [(block, prefetch) for prefetch in (False, True) for block in (1, 3, channels)]
+    for block, prefetch in settings:
         monkeypatch.setattr(cpu, "_channel_block", lambda view, tensors, threads, b=block: b)
+        monkeypatch.setattr(cpu, "_prefetch_ahead",
+                            lambda view, tensors, b, on=prefetch: b if on else 0)
         y, dz = x_in.clone(), grad.clone()
         running_mean, running_var = torch.zeros(channels), torch.ones(channels)
         state = cpu.forward_step(y, y, weight, bias, running_mean, running_var, True, 0.1, 1e-5,
@@ -507,9 +512,57 @@ def test_whole_steps_do_not_depend_on_the_channel_block(dtype, mode, monkeypatch
         results.append([y, dz, running_mean, running_var, state, dweight, dbias])
     names = ("output", "input grad", "running mean", "running var", "state", "weight grad",
              "bias grad")
-    for block, other in zip((3, channels), results[1:]):
+    for (block, prefetch), other in zip(settings[1:], results[1:]):
         for name, one, blocked in zip(names, results[0], other):
-            assert torch.equal(one, blocked), f"{name} with blocks of {block} channels"
+            assert torch.equal(one, blocked), \
+                f"{name} with blocks of {block} channels, prefetching: {prefetch}"
+
+
+def _cache_directory(root, caches):
+    """A directory laid out as Linux's ``/sys/devices/system/cpu/cpu0/cache``: one
+    ``index<i>`` per ``(level, type, size)`` of ``caches``."""
+    root.mkdir()
+    for index, (level, kind, size) in enumerate(caches):
+        entry = root / f"index{index}"
+        entry.mkdir()
+        for name, text in (("level", level), ("type", kind), ("size", size)):
+            (entry / name).write_text(f"{text}\n")
+    return str(root)
+
+
+def test_l2_cache_size_is_read_from_the_cache_listing(tmp_path):
+    from layers.kernels import cpu
+
+    zen5 = [("1", "Data", "48K"), ("1", "Instruction", "32K"), ("2", "Unified", "1024K"),
+            ("3", "Unified", "32768K")]
+    assert cpu._l2_cache_bytes(_cache_directory(tmp_path / "a", zen5)) == 2 ** 20
+    listed_in_mib = [("2", "Instruction", "1M"), ("2", "Data", "2M")]
+    assert cpu._l2_cache_bytes(_cache_directory(tmp_path / "b", listed_in_mib)) == 2 * 2 ** 20
+    no_l2 = [("1", "Data", "32K"), ("3", "Unified", "8M")]
+    assert cpu._l2_cache_bytes(_cache_directory(tmp_path / "c", no_l2)) == 0
+    assert cpu._l2_cache_bytes(str(tmp_path / "missing")) == 0
+
+
+@pytest.mark.parametrize("shape, dtype, tensors, l2, expected", [
+    ((32, 256, 3136), torch.bfloat16, 1, 2 ** 20, "block"),  # 1 channel of 196 KiB, twice
+    ((32, 512, 784), torch.bfloat16, 2, 2 ** 20, "block"),
+    ((32, 256, 3136), torch.bfloat16, 2, 2 ** 20, "block"),  # 2 x 392 KiB fit 1 MiB
+    ((32, 256, 3136), torch.bfloat16, 2, 512 * 2 ** 10, 0),  # not in a 512 KiB L2
+    ((32, 256, 3136), torch.bfloat16, 1, 0, 0),  # L2 size unknown
+    ((32, 256, 3136), torch.float32, 1, 2 ** 20, 0),  # float32: bound by memory
+    ((32, 2048, 49), torch.bfloat16, 1, 2 ** 20, 0),  # rows of 98 bytes
+    ((32, 1024, 196), torch.bfloat16, 1, 2 ** 20, 0),  # rows of 392 bytes
+    ((8, 64, 3136), torch.bfloat16, 1, 2 ** 20, 0),  # 3 MiB: held by the caches
+    ((32, 64, 3136), torch.float16, 2, 2 ** 20, "block"),  # 12 MiB, read twice
+], ids=str)
+def test_whole_steps_prefetch_only_long_16_bit_rows_of_large_tensors_that_fit_twice_in_l2(
+        shape, dtype, tensors, l2, expected, monkeypatch):
+    from layers.kernels import cpu
+
+    monkeypatch.setattr(cpu, "_l2_cache_bytes", lambda: l2)
+    view = torch.empty(shape, dtype=dtype)
+    block = cpu._channel_block(view, tensors, 2)
+    assert cpu._prefetch_ahead(view, tensors, block) == (block if expected == "block" else 0)
 
 
 def away_from_the_kink(x, layer, margin=1e-4):
