@@ -762,7 +762,9 @@ def _channel_block(view, tensors, threads):
 #: Measured on an AMD Zen 5 host (1 MiB of L2 per core, 32 MiB of L3; 2 threads,
 #: 2026-11-28), the whole steps with prefetching over those without, interleaved in one
 #: process: on bfloat16, the in-place training forward 0.86-0.94 at (32, 256, 56, 56) and
-#: (32, 512, 28, 28), the backward 0.98 and 0.72-0.85; with rows of 7x7 and 14x14 maps, or
+#: (32, 512, 28, 28), the backward 0.98 and 0.72-0.85; on float16, the forward 0.87-0.90 at
+#: (32, 256, 56, 56) and (32, 128, 56, 56), the backward 0.87-0.91 at (32, 512, 28, 28)
+#: (0.91-1.03 at the other two); with rows of 7x7 and 14x14 maps, or
 #: on tensors of 6 MiB and less, which the caches hold, the extra loop cost 3-15%. On float32
 #: (passes bound by memory, not by arithmetic: nothing to overlap) it cost up to 9%.
 _PREFETCH_MIN_ROW_BYTES = 1024
