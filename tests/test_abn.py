@@ -544,18 +544,19 @@ def test_l2_cache_size_is_read_from_the_cache_listing(tmp_path):
 
 
 @pytest.mark.parametrize("shape, dtype, tensors, l2, expected", [
-    ((32, 256, 3136), torch.bfloat16, 1, 2 ** 20, "block"),  # 1 channel of 196 KiB, twice
-    ((32, 512, 784), torch.bfloat16, 2, 2 ** 20, "block"),
-    ((32, 256, 3136), torch.bfloat16, 2, 2 ** 20, "block"),  # 2 x 392 KiB fit 1 MiB
-    ((32, 256, 3136), torch.bfloat16, 2, 512 * 2 ** 10, 0),  # not in a 512 KiB L2
+    ((32, 256, 3136), torch.bfloat16, 1, 2 ** 20, "block"),  # 2 x 196 KiB in half of 1 MiB
+    ((32, 512, 784), torch.bfloat16, 2, 2 ** 20, "block"),  # 2 x 196 KiB (2 channels)
+    ((32, 256, 3136), torch.bfloat16, 2, 2 * 2 ** 20, "block"),  # 2 x 392 KiB, half of 2 MiB
+    ((32, 256, 3136), torch.bfloat16, 2, 2 ** 20, 0),  # not in half of 1 MiB
+    ((32, 256, 3136), torch.bfloat16, 1, 512 * 2 ** 10, 0),  # not in half of 512 KiB
     ((32, 256, 3136), torch.bfloat16, 1, 0, 0),  # L2 size unknown
     ((32, 256, 3136), torch.float32, 1, 2 ** 20, 0),  # float32: bound by memory
     ((32, 2048, 49), torch.bfloat16, 1, 2 ** 20, 0),  # rows of 98 bytes
     ((32, 1024, 196), torch.bfloat16, 1, 2 ** 20, 0),  # rows of 392 bytes
     ((8, 64, 3136), torch.bfloat16, 1, 2 ** 20, 0),  # 3 MiB: held by the caches
-    ((32, 64, 3136), torch.float16, 2, 2 ** 20, "block"),  # 12 MiB, read twice
+    ((32, 64, 3136), torch.float16, 2, 2 * 2 ** 20, "block"),  # 12 MiB, read twice
 ], ids=str)
-def test_whole_steps_prefetch_only_long_16_bit_rows_of_large_tensors_that_fit_twice_in_l2(
+def test_whole_steps_prefetch_long_16_bit_rows_of_large_tensors_twice_in_half_the_l2(
         shape, dtype, tensors, l2, expected, monkeypatch):
     from layers.kernels import cpu
 

@@ -807,17 +807,18 @@ def _prefetch_ahead(view, tensors, block):
     It pays where a block's arithmetic takes long enough to hide the next block's reads
     behind it (16-bit data, converted element by element, :mod:`.codecs`) and the data
     streams from memory in long rows: at least :data:`_PREFETCH_MIN_BYTES` read, rows of at
-    least :data:`_PREFETCH_MIN_ROW_BYTES`, and room in the core's L2 cache for the block being
-    finished and the next one (a prefetch that evicted the current block would cost a second
-    read of it). Where the L2 cache's size is unknown (:func:`_l2_cache_bytes`), it does not
-    prefetch. Prefetching changes no result.
+    least :data:`_PREFETCH_MIN_ROW_BYTES`, and room for the block being finished and the next
+    one in half the core's L2 cache (a prefetch that evicted the current block would cost a
+    second read of it; the other half is left to what else the cache holds, the hardware
+    prefetchers' lines among it). Where the L2 cache's size is unknown
+    (:func:`_l2_cache_bytes`), it does not prefetch. Prefetching changes no result.
     """
     n, c, s = view.shape
     row_bytes = s * view.element_size()
     if view.element_size() != 2 or row_bytes < _PREFETCH_MIN_ROW_BYTES \
             or tensors * view.numel() * view.element_size() < _PREFETCH_MIN_BYTES:
         return 0
-    return block if 2 * tensors * n * block * row_bytes <= _l2_cache_bytes() else 0
+    return block if 2 * tensors * n * block * row_bytes <= _l2_cache_bytes() // 2 else 0
 
 
 def _reduction_chunks(rows):
