@@ -69,9 +69,9 @@ def _shared_dense_format(*tensors):
     return _memory_format(first)
 
 
-def _new(tensor, memory_format, dtype=None):
-    """A new meta tensor of ``tensor``'s shape in ``memory_format`` (and ``tensor``'s dtype)."""
-    return torch.empty(tensor.shape, dtype=dtype or tensor.dtype, device="meta",
+def _new(tensor, memory_format):
+    """A new meta tensor of ``tensor``'s shape and dtype in ``memory_format``."""
+    return torch.empty(tensor.shape, dtype=tensor.dtype, device="meta",
                        memory_format=memory_format)
 
 

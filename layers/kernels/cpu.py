@@ -771,6 +771,10 @@ _PREFETCH_MIN_ROW_BYTES = 1024
 _PREFETCH_MIN_BYTES = 16 * 2 ** 20
 
 
+#: Units of the cache sizes Linux lists (``1024K``).
+_SIZE_UNITS = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}
+
+
 @functools.lru_cache(maxsize=None)
 def _l2_cache_bytes(cache_directory="/sys/devices/system/cpu/cpu0/cache"):
     """Bytes of the L2 cache of the first core, as Linux lists it in ``cache_directory``
@@ -780,22 +784,25 @@ def _l2_cache_bytes(cache_directory="/sys/devices/system/cpu/cpu0/cache"):
     except OSError:
         return 0
     for entry in entries:
-        path = os.path.join(cache_directory, entry)
         try:
-            with open(os.path.join(path, "level")) as level, \
-                    open(os.path.join(path, "type")) as kind, \
-                    open(os.path.join(path, "size")) as size:
-                if level.read().strip() != "2" or kind.read().strip() == "Instruction":
-                    continue
-                text = size.read().strip()
+            level, kind, size = (_read_line(os.path.join(cache_directory, entry, name))
+                                 for name in ("level", "type", "size"))
         except OSError:
             continue
-        units = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}
+        if level != "2" or kind == "Instruction":
+            continue
         try:
-            return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
-        except (ValueError, IndexError):
+            return int(size[:-1]) * _SIZE_UNITS[size[-1]] if size[-1:] in _SIZE_UNITS \
+                else int(size)
+        except ValueError:
             return 0
     return 0
+
+
+def _read_line(path):
+    """The text of the file ``path``, stripped."""
+    with open(path) as f:
+        return f.read().strip()
 
 
 def _prefetch_ahead(view, tensors, block):
