@@ -355,7 +355,7 @@ def _view(x, layout):
 def _unview(view, layout, shape):
     """The ``(N, C, *)`` tensor of ``shape`` that a canonical ``view`` in ``layout`` holds."""
     if layout == "ncs":
-        return view.view(shape)
+        return view.view(*shape)  # unpacked: a torch.Size argument costs twice as much
     return view.view(shape[0], *shape[2:], shape[1]).movedim(-1, 1)
 
 

@@ -484,8 +484,8 @@ def test_whole_steps_do_not_depend_on_the_channel_block(dtype, mode, monkeypatch
     the block, so the output, the statistics and every gradient are bitwise the same with
     blocks of one channel, of three (and a remainder) and of all of them, the backward
     reading ``y`` or the stored ``x``, and with and without prefetching the next block
-    (``cpu._prefetch_ahead``, forced on here, at every block size). Not marked ``kernels``:
-    it is about ``cpu.py``."""
+    (``cpu._prefetch_ahead``, forced on here, at every block size; both through
+    ``cpu._blocks``). Not marked ``kernels``: it is about ``cpu.py``."""
     from layers.kernels import common, cpu
 
     generator = torch.Generator().manual_seed(5)
@@ -498,9 +498,8 @@ def test_whole_steps_do_not_depend_on_the_channel_block(dtype, mode, monkeypatch
     results = []
     settings = [(block, prefetch) for prefetch in (False, True) for block in (1, 3, channels)]
     for block, prefetch in settings:
-        monkeypatch.setattr(cpu, "_channel_block", lambda view, tensors, threads, b=block: b)
-        monkeypatch.setattr(cpu, "_prefetch_ahead",
-                            lambda view, tensors, b, on=prefetch: b if on else 0)
+        monkeypatch.setattr(cpu, "_blocks", lambda shape, size, tensors, threads, b=block,
+                            on=prefetch: (b, b if on else 0))
         y, dz = x_in.clone(), grad.clone()
         running_mean, running_var = torch.zeros(channels), torch.ones(channels)
         state = cpu.forward_step(y, y, weight, bias, running_mean, running_var, True, 0.1, 1e-5,
@@ -516,6 +515,56 @@ def test_whole_steps_do_not_depend_on_the_channel_block(dtype, mode, monkeypatch
         for name, one, blocked in zip(names, results[0], other):
             assert torch.equal(one, blocked), \
                 f"{name} with blocks of {block} channels, prefetching: {prefetch}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_whole_steps_take_strided_tensors_as_contiguous_ones(dtype):
+    """The CPU whole-step kernels read contiguous tensors at their addresses
+    (``cpu._address``) and anything else through numpy views (``cpu._addressable``): strided
+    per-channel vectors (every other element of a buffer) give the output, state, running
+    statistics and gradients of their contiguous copies, bitwise, with the running statistics
+    updated in the strided buffers themselves; a strided data view (which the layers never
+    pass: their canonical views are contiguous) runs the kernels one by one, whose sums may
+    round differently in the last bits."""
+    from layers.kernels import common, cpu
+
+    generator = torch.Generator().manual_seed(11)
+    batch, channels, size = 4, 40, 30
+    x_in = torch.randn(batch, channels, size, generator=generator).to(dtype)
+    grad = torch.randn(batch, channels, size, generator=generator).to(dtype)
+    vectors = [torch.rand(channels, generator=generator) + 0.5,
+               torch.randn(channels, generator=generator), torch.zeros(channels),
+               torch.ones(channels)]
+
+    def step(strided_vectors, strided_data):
+        if strided_vectors:
+            buffers = [torch.stack([v, torch.full_like(v, 7.0)], 1) for v in vectors]
+            weight, bias, mean, var = (b[:, 0] for b in buffers)  # strides (2,)
+        else:
+            weight, bias, mean, var = (v.clone() for v in vectors)
+        if strided_data:  # (N, C, S) views with a stride of 2 along S
+            y = torch.stack([x_in, x_in], 3).flatten(2)[:, :, ::2]
+            dz = torch.stack([grad, grad], 3).flatten(2)[:, :, ::2]
+        else:
+            y, dz = x_in.clone(), grad.clone()
+        assert cpu._addressable(y, weight, bias, mean, var) == (not strided_vectors
+                                                                 and not strided_data)
+        state = cpu.forward_step(y, y, weight, bias, mean, var, True, 0.1, 1e-5,
+                                 common.ACT_LEAKY_RELU, 0.01, True)
+        dweight, dbias = cpu.backward_step(y, dz, None, state, common.ACT_LEAKY_RELU, 0.01,
+                                           common.MODE_Y, True, True, torch.float32, True, True)
+        return [y, dz, mean, var, state, dweight, dbias]
+
+    names = ("output", "input grad", "running mean", "running var", "state", "weight grad",
+             "bias grad")
+    contiguous = step(False, False)
+    assert not torch.equal(contiguous[2], vectors[2])  # the running mean moved
+    for name, one, other in zip(names, contiguous, step(True, False)):
+        assert torch.equal(one, other), f"{name}, strided vectors"
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2  # a float32 rounding, a bfloat16 one
+    for name, one, other in zip(names, contiguous, step(False, True)):
+        torch.testing.assert_close(other.double(), one.double(), rtol=tolerance,
+                                   atol=tolerance, msg=f"{name}, strided data")
 
 
 def _cache_directory(root, caches):
@@ -562,9 +611,10 @@ def test_whole_steps_prefetch_long_16_bit_rows_of_large_tensors_twice_in_half_th
     from layers.kernels import cpu
 
     monkeypatch.setattr(cpu, "_l2_cache_bytes", lambda: l2)
-    view = torch.empty(shape, dtype=dtype)
-    block = cpu._channel_block(view, tensors, 2)
-    assert cpu._prefetch_ahead(view, tensors, block) == (block if expected == "block" else 0)
+    size = torch.empty((), dtype=dtype).element_size()
+    block = cpu._channel_block(shape, size, tensors, 2)
+    assert cpu._prefetch_ahead(shape, size, tensors, block) == (block if expected == "block"
+                                                                else 0)
 
 
 def away_from_the_kink(x, layer, margin=1e-4):

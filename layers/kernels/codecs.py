@@ -63,6 +63,18 @@ def cpu_array(tensor):
     return (t if bits is None else t.view(bits)).numpy()
 
 
+#: Tensor dtype -> a numpy scalar of the element type the CPU kernels see (see the table): what
+#: a kernel that reads a tensor by its address is told the elements are (:func:`cpu_element`).
+_CPU_ELEMENTS = {torch.float64: np.float64(0), torch.float32: np.float32(0),
+                 torch.float16: np.int16(0), torch.bfloat16: np.uint16(0)}
+
+
+def cpu_element(dtype):
+    """A numpy scalar (its value unused) of the element type the CPU kernels see for tensors of
+    (torch) ``dtype``, as :func:`cpu_array` gives it (see the table)."""
+    return _CPU_ELEMENTS[dtype]
+
+
 def cuda_tensor(tensor):
     """The tensor whose ``__cuda_array_interface__`` the CUDA kernels take (see the table)."""
     t = tensor.detach()

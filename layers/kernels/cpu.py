@@ -8,7 +8,9 @@ Each takes torch CPU tensors in one of the canonical views of :mod:`layers.kerne
 ``Tensor.numpy()``; float16 and bfloat16 tensors arrive as their 16-bit patterns and are
 converted in registers (:mod:`layers.kernels.codecs`). For the eager path of
 :mod:`layers.functional` it also runs a layer's whole forward and whole backward in one call
-each (``forward_step``, ``backward_step``), the per-channel arithmetic included.
+each (``forward_step``, ``backward_step``), the per-channel arithmetic included; those calls
+pass contiguous tensors by address instead (:func:`_address`), which costs a fraction of a
+numpy view per tensor on the small tensors where such costs show.
 
 Memory traffic: in training, the in-place forward of an ``(N, C, S)`` view reads each channel
 once and writes it once: statistics and output back to back per block of channels, the second
@@ -175,6 +177,32 @@ def _target_overload(out, x):
     if isinstance(out, (types.NoneType, types.Omitted)):
         return lambda out, x: x
     return lambda out, x: out
+
+
+@intrinsic
+def _pointer(typingctx, address, element):
+    """The integer ``address`` as a pointer to values of ``element``'s type (a scalar whose
+    value is not read)."""
+    if not (isinstance(address, types.Integer)
+            and isinstance(element, (types.Integer, types.Float))):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+    return types.CPointer(element)(address, element), codegen
+
+
+def _array_at(address, shape, element):
+    """The C-contiguous array of ``shape`` with elements of ``element``'s type at the integer
+    ``address`` (:func:`_address`), or None where ``address`` is None."""
+
+
+@overload(_array_at, inline="always")
+def _array_at_overload(address, shape, element):
+    # None or not is known when the kernel compiles: no optional type reaches the loops.
+    if isinstance(address, (types.NoneType, types.Omitted)):
+        return lambda address, shape, element: None
+    return lambda address, shape, element: numba.carray(_pointer(address, element), shape)
 
 
 #: float32 lanes of an AVX-512 register, the width LLVM vectorises the 16-bit row loops at (in
@@ -747,13 +775,14 @@ def _chunks(view, threads):
 _CACHED_BLOCK_BYTES = 256 * 1024
 
 
-def _channel_block(view, tensors, threads):
-    """Channels per block of a whole step on the ``(N, C, S)`` ``view`` that reads ``tensors``
-    tensors of its shape: as many as fit :data:`_CACHED_BLOCK_BYTES` (one when a channel alone
-    is larger), and few enough that each of the ``threads`` gets several blocks. The results
-    do not depend on it (see :func:`_moments_normalize_ncs`, :func:`_backward_step_ncs`)."""
-    n, c, s = view.shape
-    fits = _CACHED_BLOCK_BYTES // max(1, tensors * n * s * view.element_size())
+def _channel_block(shape, element_size, tensors, threads):
+    """Channels per block of a whole step on an ``(N, C, S)`` view of ``shape`` (elements of
+    ``element_size`` bytes) that reads ``tensors`` tensors of its shape: as many as fit
+    :data:`_CACHED_BLOCK_BYTES` (one when a channel alone is larger), and few enough that each
+    of the ``threads`` gets several blocks. The results do not depend on it (see
+    :func:`_moments_normalize_ncs`, :func:`_backward_step_ncs`)."""
+    n, c, s = shape
+    fits = _CACHED_BLOCK_BYTES // max(1, tensors * n * s * element_size)
     return max(1, min(fits, c // (4 * threads)))
 
 
@@ -805,8 +834,9 @@ def _read_line(path):
         return f.read().strip()
 
 
-def _prefetch_ahead(view, tensors, block):
-    """Channels after each block that a whole step on the ``(N, C, S)`` ``view``, reading
+def _prefetch_ahead(shape, element_size, tensors, block):
+    """Channels after each block that a whole step on an ``(N, C, S)`` view of ``shape``
+    (elements of ``element_size`` bytes), reading
     ``tensors`` tensors of its shape in blocks of ``block`` channels, prefetches while it
     finishes the block (see :func:`_moments_normalize_ncs`): ``block`` (the next block) where
     that pays, else 0.
@@ -820,12 +850,21 @@ def _prefetch_ahead(view, tensors, block):
     prefetchers' lines among it). Where the L2 cache's size is unknown
     (:func:`_l2_cache_bytes`), it does not prefetch. Prefetching changes no result.
     """
-    n, c, s = view.shape
-    row_bytes = s * view.element_size()
-    if view.element_size() != 2 or row_bytes < _PREFETCH_MIN_ROW_BYTES \
-            or tensors * view.numel() * view.element_size() < _PREFETCH_MIN_BYTES:
+    n, c, s = shape
+    row_bytes = s * element_size
+    if element_size != 2 or row_bytes < _PREFETCH_MIN_ROW_BYTES \
+            or tensors * n * c * row_bytes < _PREFETCH_MIN_BYTES:
         return 0
     return block if 2 * tensors * n * block * row_bytes <= _l2_cache_bytes() // 2 else 0
+
+
+@functools.lru_cache(maxsize=1024)
+def _blocks(shape, element_size, tensors, threads):
+    """``(block, ahead)`` of a whole step (:func:`_channel_block`, :func:`_prefetch_ahead`):
+    computed once per shape, dtype size, tensor and thread count, not on every step (a few
+    microseconds of Python, as much as the kernels take on small tensors)."""
+    block = _channel_block(shape, element_size, tensors, threads)
+    return block, _prefetch_ahead(shape, element_size, tensors, block)
 
 
 def _reduction_chunks(rows):
@@ -903,10 +942,9 @@ def _moments_forward(x, out, gamma, beta, eps, act, slope):
                                        torch.as_tensor(beta), eps, act, slope).numpy()
     xa = _np(x)
     coef = compute_empty((2, x.shape[1]), xa)
-    block = _channel_block(x, 1, _follow_torch_threads())
+    block, ahead = _blocks(x.shape, x.element_size(), 1, _follow_torch_threads())
     return _moments_forward_ncs_inplace[act](xa, _np(gamma), _np(beta), float(eps),
-                                             _scalar(slope, xa), coef, block,
-                                             _prefetch_ahead(x, 1, block))
+                                             _scalar(slope, xa), coef, block, ahead)
 
 
 def forward(x, out, a, b, act, slope):
@@ -1072,6 +1110,34 @@ def _optional(t):
     return None if t is None else codecs.cpu_array(t)
 
 
+def _addressable(*tensors):
+    """Whether a whole-step kernel may read each of ``tensors`` (``None`` where absent) at its
+    address (:func:`_address`): each is contiguous."""
+    for tensor in tensors:  # a loop, not all() over a generator: called twice per step
+        if tensor is not None and not tensor.is_contiguous():
+            return False
+    return True
+
+
+def _address(tensor):
+    """The address of a contiguous CPU tensor's first element (``None`` stays ``None``).
+
+    The whole-step kernels take their tensors so and read them as arrays
+    (:func:`_array_at`): a numpy view per tensor and call (:func:`_np`) costs several times
+    more, a visible part of a small tensor's step. The caller holds the tensor (an argument of
+    the step) until the kernel returns."""
+    return None if tensor is None else tensor.data_ptr()
+
+
+def _vector_element(*vectors):
+    """:func:`codecs.cpu_element` of the per-channel ``vectors`` of a whole step (one dtype,
+    float32 or float64; ``None`` where absent)."""
+    for vector in vectors:
+        if vector is not None:
+            return codecs.cpu_element(vector.dtype)
+    return codecs.cpu_element(torch.float64)  # none given: the kernel reads none
+
+
 # --------------------------------------------------------------------------- whole steps
 # Where the CPU kernels run eagerly, :mod:`layers.functional` runs a layer's forward and its
 # backward as one call each. On small tensors the Python between separate calls, and each
@@ -1082,11 +1148,17 @@ def _optional(t):
 
 @_Variants(_parallel_reduction, _ACTS)
 def _forward_step_ncs_inplace(act):
-    def kernel(x, weight, bias, running_mean, running_var, eps, momentum, abs_mode, slope,
-               state, block, ahead):
+    def kernel(x, shape, element, weight, bias, running_mean, running_var, vector_element, eps,
+               momentum, abs_mode, slope, state, block, ahead):
         """The training forward in place: the scale, the statistics and output channel by
-        channel, the batch and running statistics; the per-channel state into ``state``."""
-        n, c, s = x.shape
+        channel, the batch and running statistics; the per-channel state into ``state``. The
+        tensors arrive as addresses (:func:`_address`): ``x`` of ``shape`` with elements of
+        ``element``'s type, the per-channel vectors (or None) of ``vector_element``'s."""
+        n, c, s = shape
+        x = _array_at(x, shape, element)
+        weight, bias = _array_at(weight, c, vector_element), _array_at(bias, c, vector_element)
+        running_mean = _array_at(running_mean, c, vector_element)
+        running_var = _array_at(running_var, c, vector_element)
         _channel_scale(weight, bias, eps, abs_mode, state)
         coef = compute_empty((2, c), x)
         moments = _moments_normalize_ncs(x, state[0], state[1], eps, act, slope, coef, block,
@@ -1100,8 +1172,8 @@ def _forward_step_ncs_inplace(act):
 def _backward_step_ncs(act, mode):
     from_x = mode == MODE_XHAT_FROM_X
 
-    def kernel(z, dz, x, state, training, variant_y, slope, floor, block, ahead, coef, dweight,
-               dbias):
+    def kernel(z, dz, x, shape, element, state, training, variant_y, slope, floor, block, ahead,
+               coef, dweight, dbias):
         """The backward per block of ``block`` consecutive channels (blocks in parallel):
         ``v``'s coefficients (``variant_y``: ``MODE_Y``, which this kernel of
         ``MODE_XHAT_FROM_Y`` runs with ``p = 1``, ``q = 0``), the reductions, the per-channel
@@ -1111,8 +1183,13 @@ def _backward_step_ncs(act, mode):
         Each channel's sums run over its rows in the order of the batch, as in
         :func:`_reduce_ncs`, whatever ``block`` is. While it writes a block's input gradient
         it prefetches the rows of the ``ahead`` channels after it, as
-        :func:`_moments_normalize_ncs` does."""
-        n, c, _ = z.shape
+        :func:`_moments_normalize_ncs` does. ``z``, ``dz`` and ``x`` arrive as addresses
+        (:func:`_address`) of arrays of ``shape`` with elements of ``element``'s type, ``state``
+        as an address of its (6, C) float64 values."""
+        n, c, _ = shape
+        z, dz, x = (_array_at(z, shape, element), _array_at(dz, shape, element),
+                    _array_at(x, shape, element))
+        state = _array_at(state, (6, c), np.float64(0))
         pq = compute_empty((2, c), z)
         _channel_value_coefficients(state, from_x, variant_y, pq)
         sums = np.empty((2, c), np.float64)
@@ -1156,15 +1233,19 @@ def forward_step(x, out, weight, bias, running_mean, running_var, training, mome
     """
     channels = x.shape[1]
     state = np.empty((6, channels))
+    if (training and _fuses_statistics(x, out) and not _empty(x)
+            and _addressable(x, weight, bias, running_mean, running_var)):
+        element = codecs.cpu_element(x.dtype)
+        block, ahead = _blocks(x.shape, x.element_size(), 1, _follow_torch_threads())
+        _forward_step_ncs_inplace[act](
+            _address(x), tuple(x.shape), element, _address(weight), _address(bias),
+            _address(running_mean), _address(running_var),
+            _vector_element(weight, bias, running_mean, running_var), float(eps),
+            float(momentum), bool(abs_mode), codecs.compute_scalar(slope, element), state,
+            block, ahead)
+        return torch.from_numpy(state)
     weight, bias = _optional(weight), _optional(bias)
     running_mean, running_var = _optional(running_mean), _optional(running_var)
-    if training and _fuses_statistics(x, out) and not _empty(x):
-        xa = _np(x)
-        block = _channel_block(x, 1, _follow_torch_threads())
-        _forward_step_ncs_inplace[act](xa, weight, bias, running_mean, running_var, float(eps),
-                                       float(momentum), bool(abs_mode), _scalar(slope, xa),
-                                       state, block, _prefetch_ahead(x, 1, block))
-        return torch.from_numpy(state)
     count = x.numel() // channels
     _channel_scale(weight, bias, float(eps), bool(abs_mode), state)
     if training:
@@ -1188,9 +1269,8 @@ def backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param
     ``has_bias`` is false). ``x`` is only read in ``MODE_XHAT_FROM_X`` (``None`` otherwise:
     ``v`` is recovered from ``z``); ``training``: whether the forward used batch statistics.
     """
-    dweight, dbias = _backward_step(z, dz, x, _np(state), act, slope, mode, training,
-                                    input_grad, _NUMPY_DTYPES[param_dtype], has_weight,
-                                    has_bias)
+    dweight, dbias = _backward_step(z, dz, x, state, act, slope, mode, training, input_grad,
+                                    _NUMPY_DTYPES[param_dtype], has_weight, has_bias)
     return _optional_tensor(dweight), _optional_tensor(dbias)
 
 
@@ -1205,24 +1285,24 @@ def _optional_tensor(array):
 
 def _backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param_dtype,
                    has_weight, has_bias):
-    """:func:`backward_step` with the numpy ``state`` and ``param_dtype``, returning arrays."""
+    """:func:`backward_step` with the numpy ``param_dtype``, returning arrays."""
     channels = z.shape[1]
-    za, dza = _np(z), _np(dz)
-    xa = za if x is None else _np(x)
-    coef = compute_empty((3, channels), za) if input_grad else None
+    element = codecs.cpu_element(z.dtype)
+    coef = compute_empty((3, channels), element) if input_grad else None
     dweight = np.empty(channels, param_dtype) if has_weight else None
     dbias = np.empty(channels, param_dtype) if has_bias else None
     from_x, variant_y = mode == MODE_XHAT_FROM_X, mode == MODE_Y
     kernel_mode = _compiled_mode(mode)  # variant_y: p = 1, q = 0 (_channel_value_coefficients)
-    if z.dim() == 3 and not _empty(z):
-        threads = _follow_torch_threads()
+    if z.dim() == 3 and not _empty(z) and _addressable(z, dz, x, state):
         tensors = 2 if x is None else 3  # z, dz (and x)
-        block = _channel_block(z, tensors, threads)
-        ahead = _prefetch_ahead(z, tensors, block) if input_grad else 0
-        _backward_step_ncs[act, kernel_mode](za, dza, xa, state, bool(training), variant_y,
-                                             _scalar(slope, za), _elu_floor(z), block, ahead,
-                                             coef, dweight, dbias)
+        block, ahead = _blocks(z.shape, z.element_size(), tensors, _follow_torch_threads())
+        _backward_step_ncs[act, kernel_mode](
+            _address(z), _address(dz), _address(z if x is None else x), tuple(z.shape), element,
+            _address(state), bool(training), variant_y, codecs.compute_scalar(slope, element),
+            _elu_floor(z), block, ahead if input_grad else 0, coef, dweight, dbias)
         return dweight, dbias
+    state, za, dza = _np(state), _np(z), _np(dz)
+    xa = za if x is None else _np(x)
     pq = compute_empty((2, channels), za)
     _channel_value_coefficients(state, from_x, variant_y, pq)
     p, q = pq[0], pq[1]
