@@ -53,6 +53,7 @@ plain eager tensors): the operators' fake implementations let these functions ru
 ``torch.compile(fullgraph=True)``. The value checks that need data (the ``scale_mode="bn"``
 check above) are skipped on tensors without values.
 """
+import functools
 import math
 import threading
 import typing
@@ -60,7 +61,7 @@ import weakref
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
-from torch.autograd.function import once_differentiable
+from torch.autograd import function as autograd_function
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import distributed, ops
@@ -673,6 +674,22 @@ def owned_gradient(grad):
 
 
 # --------------------------------------------------------------------------- functions
+def once_differentiable(backward):
+    """``torch.autograd.function.once_differentiable`` for a ``backward``, entering its
+    ``no_grad`` context only where grad mode is on (a backward of ``create_graph=True``,
+    which also gets torch's nodes that refuse a second differentiation). Grad mode is off in
+    every other backward, where torch's wrapper would enter and leave the context for
+    nothing: a microsecond, a visible part of a small tensor's step."""
+    guarded = autograd_function.once_differentiable(backward)
+
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        if torch.is_grad_enabled():
+            return guarded(ctx, *grads)
+        return backward(ctx, *grads)
+    return wrapper
+
+
 class _ABN(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps, act,

@@ -88,19 +88,21 @@ class KernelOperator:
         if not runs_directly(args[0]):
             return self.operator(*args, **kwargs)
         result = self.implementation(*args, **kwargs)
+        written = []
         for index, name in self._mutated:
             mutated = args[index] if index < len(args) else kwargs.get(name)
             if mutated is not None:  # an optional argument left out (running statistics)
-                count_write(mutated)
+                written.append(mutated)
+        count_writes(written)
         return result
 
 
-def count_write(tensor):
-    """Bump ``tensor``'s version counter after a kernel called directly wrote it, as the
-    operator's ``ADInplaceOrView`` kernel does: autograd's check that a tensor saved for
-    backward was not overwritten relies on it."""
-    if not tensor.is_inference():  # inference tensors have no version counter
-        torch.autograd.graph.increment_version(tensor)
+def count_writes(tensors):
+    """Bump the version counters of ``tensors`` after a kernel called directly wrote them, as
+    the operator's ``ADInplaceOrView`` kernel does: autograd's check that a tensor saved for
+    backward was not overwritten relies on it. One call for all of them (inference tensors,
+    which have no version counter, are skipped by torch)."""
+    torch.autograd.graph.increment_version(tensors)
 
 
 def runs_directly(tensor):

@@ -41,11 +41,11 @@ correct, but two threads must not run the same network on the same device at onc
 """
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
 from .functional import (BackwardSpec, apply_coefficients, check_activation,
                          check_invertible_scale, has_values, normalize_activate_backward,
-                         normalize_activate_into, reapply_into, scale_and_shift)
+                         normalize_activate_into, once_differentiable, reapply_into,
+                         scale_and_shift)
 from .kernels import codecs, common
 from .shared_storage import conv_dtype, conv_grads, norm_spec
 

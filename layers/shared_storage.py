@@ -28,11 +28,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
 from .abn import ABN, batch_norm_arguments
 from .functional import (BackwardSpec, apply_coefficients, check_activation,
-                         normalize_activate_backward, normalize_activate_into, reapply_into)
+                         normalize_activate_backward, normalize_activate_into,
+                         once_differentiable, reapply_into)
 from .kernels import common
 
 

@@ -517,6 +517,25 @@ def test_whole_steps_do_not_depend_on_the_channel_block(dtype, mode, monkeypatch
                 f"{name} with blocks of {block} channels, prefetching: {prefetch}"
 
 
+@pytest.mark.parametrize("cls", [layers.ABN, layers.InPlaceABN], ids=lambda c: c.__name__)
+def test_backward_is_differentiable_once(cls):
+    """The layers' backward (``functional.once_differentiable``, which skips torch's
+    ``no_grad`` context where grad mode is already off) gives the same gradients with and
+    without ``create_graph=True``, and differentiating those gradients again (with respect to
+    an incoming gradient that requires grad) is refused, as torch's ``once_differentiable``
+    refuses it."""
+    layer = make_layer(cls)
+    x, grad = random_input((4, 3, 5))
+    plain = run_layer(layer, x, grad)[1:]
+    leaf = x.clone().requires_grad_()
+    graph = torch.autograd.grad(layer(leaf * 1), [leaf, layer.weight, layer.bias],
+                                grad.clone().requires_grad_(), create_graph=True)
+    for name, one, other in zip(("input", "weight", "bias"), plain, graph):
+        assert torch.equal(one, other.detach()), f"{name} grad"
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        graph[0].sum().backward()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_whole_steps_take_strided_tensors_as_contiguous_ones(dtype):
     """The CPU whole-step kernels read contiguous tensors at their addresses
