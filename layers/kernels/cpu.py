@@ -1269,28 +1269,12 @@ def backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param
     ``has_bias`` is false). ``x`` is only read in ``MODE_XHAT_FROM_X`` (``None`` otherwise:
     ``v`` is recovered from ``z``); ``training``: whether the forward used batch statistics.
     """
-    dweight, dbias = _backward_step(z, dz, x, state, act, slope, mode, training, input_grad,
-                                    _NUMPY_DTYPES[param_dtype], has_weight, has_bias)
-    return _optional_tensor(dweight), _optional_tensor(dbias)
-
-
-#: numpy dtypes of the parameter gradients of :func:`backward_step`.
-_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
-
-
-def _optional_tensor(array):
-    """A tensor sharing the memory of the numpy ``array`` (``None`` stays ``None``)."""
-    return None if array is None else torch.from_numpy(array)
-
-
-def _backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param_dtype,
-                   has_weight, has_bias):
-    """:func:`backward_step` with the numpy ``param_dtype``, returning arrays."""
     channels = z.shape[1]
     element = codecs.cpu_element(z.dtype)
     coef = compute_empty((3, channels), element) if input_grad else None
-    dweight = np.empty(channels, param_dtype) if has_weight else None
-    dbias = np.empty(channels, param_dtype) if has_bias else None
+    gradient_dtype = _NUMPY_DTYPES[param_dtype]
+    dweight = np.empty(channels, gradient_dtype) if has_weight else None
+    dbias = np.empty(channels, gradient_dtype) if has_bias else None
     from_x, variant_y = mode == MODE_XHAT_FROM_X, mode == MODE_Y
     kernel_mode = _compiled_mode(mode)  # variant_y: p = 1, q = 0 (_channel_value_coefficients)
     if z.dim() == 3 and not _empty(z) and _addressable(z, dz, x, state):
@@ -1300,8 +1284,19 @@ def _backward_step(z, dz, x, state, act, slope, mode, training, input_grad, para
             _address(z), _address(dz), _address(z if x is None else x), tuple(z.shape), element,
             _address(state), bool(training), variant_y, codecs.compute_scalar(slope, element),
             _elu_floor(z), block, ahead if input_grad else 0, coef, dweight, dbias)
-        return dweight, dbias
-    state, za, dza = _np(state), _np(z), _np(dz)
+    else:
+        _backward_passes(z, dz, x, _np(state), act, slope, kernel_mode, training, from_x,
+                         variant_y, coef, dweight, dbias)
+    return _optional_tensor(dweight), _optional_tensor(dbias)
+
+
+def _backward_passes(z, dz, x, state, act, slope, kernel_mode, training, from_x, variant_y, coef,
+                     dweight, dbias):
+    """:func:`backward_step` on views the whole-step kernel does not take: the reductions, the
+    per-channel gradients into ``coef``, ``dweight``, ``dbias`` (arrays, or None), and the input
+    gradient over ``dz`` unless ``coef`` is None, one kernel after the other."""
+    channels = z.shape[1]
+    za, dza = _np(z), _np(dz)
     xa = za if x is None else _np(x)
     pq = compute_empty((2, channels), za)
     _channel_value_coefficients(state, from_x, variant_y, pq)
@@ -1309,6 +1304,14 @@ def _backward_step(z, dz, x, state, act, slope, mode, training, input_grad, para
     sums = _backward_sums(z, za, dza, xa, p, q, act, slope, kernel_mode)
     _channel_gradients(state, sums, bool(training), variant_y, coef, dweight, dbias, 0,
                        channels)
-    if input_grad and not _empty(z):
+    if coef is not None and not _empty(z):
         _input_gradient_in_place(z, za, dza, xa, p, q, coef, act, slope, kernel_mode)
-    return dweight, dbias
+
+
+#: numpy dtypes of the parameter gradients of :func:`backward_step`.
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+def _optional_tensor(array):
+    """A tensor sharing the memory of the numpy ``array`` (``None`` stays ``None``)."""
+    return None if array is None else torch.from_numpy(array)
