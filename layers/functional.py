@@ -65,7 +65,8 @@ from torch.autograd import function as autograd_function
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import distributed, ops
-from .kernels import backend, codecs, common, per_channel
+from .kernels import (STEP_VECTOR_DTYPES, backend, codecs, common, per_channel,
+                      step_vector_dtype)
 
 #: Activations of ``abn``; name -> (kernel code, default parameter).
 ACTIVATIONS = {
@@ -378,10 +379,6 @@ def _empty_like_layout(x, layout):
 # costs microseconds of host time whatever its size (much more on ``meta``, where many run
 # torch's Python decompositions); the two dozen of them, and the Python between separate kernel
 # calls, cost more than the kernels on small tensors, and on a GPU at any size.
-#: Dtypes of the per-channel tensors (weight, bias, running statistics) of the whole steps.
-STEP_VECTOR_DTYPES = (torch.float32, torch.float64)
-
-
 def whole_steps(group=None, vectors=()):
     """Whether a forward or backward runs as one whole step of its kernel backend (the kernels
     and the per-channel arithmetic back to back, one operator of :mod:`layers.ops`), not as
@@ -390,20 +387,11 @@ def whole_steps(group=None, vectors=()):
     It does unless ``group`` is synchronised (the per-channel steps then sum over the ranks
     between the kernels) or the per-channel ``vectors`` (weight, bias, running statistics;
     ``None`` where absent) are not of one dtype, float32 or float64 (the backends' steps read
-    them as one dtype).
+    them as one dtype, :func:`layers.kernels.step_vector_dtype`).
     """
     if distributed.active(group):
         return False
-    dtype = None
-    for vector in vectors:  # a loop, not all() over a generator: called twice per step
-        if vector is not None:
-            if dtype is None:
-                dtype = vector.dtype
-                if dtype not in STEP_VECTOR_DTYPES:
-                    return False
-            elif vector.dtype is not dtype:  # torch dtypes are singletons
-                return False
-    return True
+    return step_vector_dtype(vectors) is not None
 
 
 def scale_and_shift(weight, bias, channels, eps, scale_mode, like):

@@ -539,12 +539,14 @@ def test_backward_is_differentiable_once(cls):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_whole_steps_take_strided_tensors_as_contiguous_ones(dtype):
     """The CPU whole-step kernels read contiguous tensors at their addresses
-    (``cpu._address``) and anything else through numpy views (``cpu._addressable``): strided
-    per-channel vectors (every other element of a buffer) give the output, state, running
-    statistics and gradients of their contiguous copies, bitwise, with the running statistics
-    updated in the strided buffers themselves; a strided data view (which the layers never
-    pass: their canonical views are contiguous) runs the kernels one by one, whose sums may
-    round differently in the last bits."""
+    (``cpu._address``), with per-channel vectors of one dtype, and anything else through numpy
+    views (``cpu._addressable``, ``cpu._vector_element``): strided per-channel vectors (every
+    other element of a buffer), and vectors of mixed dtypes (float64 weight and bias, float32
+    running statistics, the same values), give the output, state, running statistics and
+    gradients of contiguous float32 ones, bitwise, with the running statistics updated in the
+    given tensors themselves; a strided data view (which the layers never pass: their
+    canonical views are contiguous) runs the kernels one by one, whose sums may round
+    differently in the last bits."""
     from layers.kernels import common, cpu
 
     generator = torch.Generator().manual_seed(11)
@@ -555,10 +557,13 @@ def test_whole_steps_take_strided_tensors_as_contiguous_ones(dtype):
                torch.randn(channels, generator=generator), torch.zeros(channels),
                torch.ones(channels)]
 
-    def step(strided_vectors, strided_data):
-        if strided_vectors:
+    def step(given_vectors, strided_data):
+        if given_vectors == "strided":
             buffers = [torch.stack([v, torch.full_like(v, 7.0)], 1) for v in vectors]
             weight, bias, mean, var = (b[:, 0] for b in buffers)  # strides (2,)
+        elif given_vectors == "mixed dtypes":
+            weight, bias = (v.double() for v in vectors[:2])
+            mean, var = (v.clone() for v in vectors[2:])
         else:
             weight, bias, mean, var = (v.clone() for v in vectors)
         if strided_data:  # (N, C, S) views with a stride of 2 along S
@@ -566,8 +571,9 @@ def test_whole_steps_take_strided_tensors_as_contiguous_ones(dtype):
             dz = torch.stack([grad, grad], 3).flatten(2)[:, :, ::2]
         else:
             y, dz = x_in.clone(), grad.clone()
-        assert cpu._addressable(y, weight, bias, mean, var) == (not strided_vectors
-                                                                 and not strided_data)
+        by_address = given_vectors == "contiguous" and not strided_data
+        assert (cpu._addressable(y, weight, bias, mean, var)
+                and cpu._vector_element(weight, bias, mean, var) is not None) == by_address
         state = cpu.forward_step(y, y, weight, bias, mean, var, True, 0.1, 1e-5,
                                  common.ACT_LEAKY_RELU, 0.01, True)
         dweight, dbias = cpu.backward_step(y, dz, None, state, common.ACT_LEAKY_RELU, 0.01,
@@ -576,12 +582,13 @@ def test_whole_steps_take_strided_tensors_as_contiguous_ones(dtype):
 
     names = ("output", "input grad", "running mean", "running var", "state", "weight grad",
              "bias grad")
-    contiguous = step(False, False)
+    contiguous = step("contiguous", False)
     assert not torch.equal(contiguous[2], vectors[2])  # the running mean moved
-    for name, one, other in zip(names, contiguous, step(True, False)):
-        assert torch.equal(one, other), f"{name}, strided vectors"
+    for given in ("strided", "mixed dtypes"):
+        for name, one, other in zip(names, contiguous, step(given, False)):
+            assert torch.equal(one, other), f"{name}, {given} vectors"
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2  # a float32 rounding, a bfloat16 one
-    for name, one, other in zip(names, contiguous, step(False, True)):
+    for name, one, other in zip(names, contiguous, step("contiguous", True)):
         torch.testing.assert_close(other.double(), one.double(), rtol=tolerance,
                                    atol=tolerance, msg=f"{name}, strided data")
 

@@ -41,6 +41,8 @@ import functools
 import importlib
 import os
 
+import torch
+
 #: Values of ``LAYERS_KERNELS``: ``cpu`` (default) or ``cudasim``.
 CPU_CHOICES = ("cpu", "cudasim")
 
@@ -52,6 +54,27 @@ if _cpu_choice not in CPU_CHOICES:
 if _cpu_choice == "cudasim":
     # numba reads this when numba.cuda is first imported, so it is set before anything is.
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+
+#: Dtypes of the per-channel tensors (weight, bias, running statistics) the whole steps take.
+STEP_VECTOR_DTYPES = (torch.float32, torch.float64)
+
+
+def step_vector_dtype(vectors):
+    """The dtype the whole steps read the per-channel ``vectors`` as (weight, bias, running
+    statistics; ``None`` where absent): their one dtype, float32 or float64 (float64 where none
+    is given), or ``None`` where they are of several dtypes or of another one, which the whole
+    steps do not take (the backends' ``forward_step`` and ``backward_step``, above)."""
+    dtype = None
+    for vector in vectors:  # a loop, not all() over a generator: called twice per step
+        if vector is not None:
+            if dtype is None:
+                dtype = vector.dtype
+            elif vector.dtype is not dtype:  # torch dtypes are singletons
+                return None
+    if dtype is None:
+        return torch.float64
+    return dtype if dtype in STEP_VECTOR_DTYPES else None
 
 
 def backend(tensor):

@@ -69,7 +69,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
-from . import caching, codecs, common, per_channel
+from . import caching, codecs, common, per_channel, step_vector_dtype
 from .compose import compose_moments_forward
 from .common import ACT_ELU, ACT_IDENTITY, ACT_LEAKY_RELU, MODE_XHAT_FROM_X, MODE_XHAT_FROM_Y, \
     MODE_Y
@@ -1168,12 +1168,12 @@ def _address(tensor):
 
 
 def _vector_element(*vectors):
-    """:func:`codecs.cpu_element` of the per-channel ``vectors`` of a whole step (one dtype,
-    float32 or float64; ``None`` where absent)."""
-    for vector in vectors:
-        if vector is not None:
-            return codecs.cpu_element(vector.dtype)
-    return codecs.cpu_element(torch.float64)  # none given: the kernel reads none
+    """:func:`codecs.cpu_element` of the per-channel ``vectors`` of a whole step (``None``
+    where absent), which its kernel reads by address as one dtype
+    (:func:`layers.kernels.step_vector_dtype`); ``None`` where they are not of one such dtype
+    (the numpy views of the other path take any mix)."""
+    dtype = step_vector_dtype(vectors)
+    return None if dtype is None else codecs.cpu_element(dtype)
 
 
 # --------------------------------------------------------------------------- whole steps
@@ -1271,14 +1271,14 @@ def forward_step(x, out, weight, bias, running_mean, running_var, training, mome
     """
     channels = x.shape[1]
     state = np.empty((6, channels))
-    if (training and _fuses_statistics(x, out) and not _empty(x)
+    vector_element = _vector_element(weight, bias, running_mean, running_var)
+    if (training and _fuses_statistics(x, out) and not _empty(x) and vector_element is not None
             and _addressable(x, weight, bias, running_mean, running_var)):
         element = codecs.cpu_element(x.dtype)
         block, ahead = _blocks(x.shape, x.element_size(), 1, _follow_torch_threads())
         _forward_step_ncs_inplace[act](
             _address(x), tuple(x.shape), element, _address(weight), _address(bias),
-            _address(running_mean), _address(running_var),
-            _vector_element(weight, bias, running_mean, running_var), float(eps),
+            _address(running_mean), _address(running_var), vector_element, float(eps),
             float(momentum), bool(abs_mode), codecs.compute_scalar(slope, element), state,
             block, ahead)
         return torch.from_numpy(state)
@@ -1315,7 +1315,8 @@ def backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param
     dbias = np.empty(channels, gradient_dtype) if has_bias else None
     from_x, variant_y = mode == MODE_XHAT_FROM_X, mode == MODE_Y
     kernel_mode = _compiled_mode(mode)  # variant_y: p = 1, q = 0 (_channel_value_coefficients)
-    if z.dim() == 3 and not _empty(z) and _addressable(z, dz, x, state):
+    if (z.dim() == 3 and not _empty(z) and state.dtype is torch.float64
+            and _addressable(z, dz, x, state)):
         tensors = 2 if x is None else 3  # z, dz (and x)
         block, ahead = _blocks(z.shape, z.element_size(), tensors, _follow_torch_threads())
         _backward_step_ncs[act, kernel_mode](
