@@ -1313,28 +1313,28 @@ def backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param
     gradient_dtype = _NUMPY_DTYPES[param_dtype]
     dweight = np.empty(channels, gradient_dtype) if has_weight else None
     dbias = np.empty(channels, gradient_dtype) if has_bias else None
-    from_x, variant_y = mode == MODE_XHAT_FROM_X, mode == MODE_Y
-    kernel_mode = _compiled_mode(mode)  # variant_y: p = 1, q = 0 (_channel_value_coefficients)
     if (z.dim() == 3 and not _empty(z) and state.dtype is torch.float64
             and _addressable(z, dz, x, state)):
         tensors = 2 if x is None else 3  # z, dz (and x)
         block, ahead = _blocks(z.shape, z.element_size(), tensors, _follow_torch_threads())
-        _backward_step_ncs[act, kernel_mode](
+        # MODE_Y runs the MODE_XHAT_FROM_Y kernel with p = 1, q = 0 (variant_y)
+        _backward_step_ncs[act, _compiled_mode(mode)](
             _address(z), _address(dz), _address(z if x is None else x), tuple(z.shape), element,
-            _address(state), bool(training), variant_y, codecs.compute_scalar(slope, element),
-            _elu_floor(z), block, ahead if input_grad else 0, coef, dweight, dbias)
+            _address(state), bool(training), mode == MODE_Y,
+            codecs.compute_scalar(slope, element), _elu_floor(z), block,
+            ahead if input_grad else 0, coef, dweight, dbias)
     else:
-        _backward_passes(z, dz, x, _np(state), act, slope, kernel_mode, training, from_x,
-                         variant_y, coef, dweight, dbias)
+        _backward_passes(z, dz, x, _np(state), act, slope, mode, training, coef, dweight, dbias)
     return _optional_tensor(dweight), _optional_tensor(dbias)
 
 
-def _backward_passes(z, dz, x, state, act, slope, kernel_mode, training, from_x, variant_y, coef,
-                     dweight, dbias):
+def _backward_passes(z, dz, x, state, act, slope, mode, training, coef, dweight, dbias):
     """:func:`backward_step` on views the whole-step kernel does not take: the reductions, the
     per-channel gradients into ``coef``, ``dweight``, ``dbias`` (arrays, or None), and the input
     gradient over ``dz`` unless ``coef`` is None, one kernel after the other."""
     channels = z.shape[1]
+    from_x, variant_y = mode == MODE_XHAT_FROM_X, mode == MODE_Y
+    kernel_mode = _compiled_mode(mode)  # variant_y: p = 1, q = 0 (_channel_value_coefficients)
     za, dza = _np(z), _np(dz)
     xa = za if x is None else _np(x)
     pq = compute_empty((2, channels), za)
