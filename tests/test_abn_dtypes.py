@@ -19,7 +19,7 @@ import layers  # before numba: under LAYERS_KERNELS=cudasim it selects numba's s
 import numba
 from abn_reference import reference_step
 from layers.densenet import densenet_bc
-from layers.kernels import codecs, cpu
+from layers.kernels import codecs, cpu, pairs
 from layers.residual import Bottleneck, NormAct
 
 kernels = pytest.mark.kernels
@@ -228,6 +228,95 @@ def test_16_bit_element_wise_kernels_round_every_element_as_torch_for_every_row_
             codecs.cpu_array(expected), codecs.cpu_array(grad), codecs.cpu_array(expected),
             a.numpy(), b.numpy(), coef.numpy(), slope, cpu._elu_floor(expected), chunks)
         _assert_same_values(grad, (dy * k0 + v * k1 + k2).to(dtype))
+
+
+def _run_pairs_rows(src, dst, a, b, act, slope):
+    """:func:`layers.kernels.pairs.scale_shift_act_row` over the rows of 2-D arrays; returns on
+    how many it ran."""
+    ran = 0
+    for j in range(src.shape[0]):
+        ran += pairs.scale_shift_act_row(src[j], dst[j], a, b, act, slope)
+    return ran
+
+
+_pairs_rows = numba.njit(_run_pairs_rows)
+#: The same where ``x * a + b`` may fuse into one multiply-add, as in the kernels compiled with
+#: ``contract``.
+_pairs_rows_contracted = numba.njit(fastmath={"contract"})(_run_pairs_rows)
+
+
+@numba.njit(fastmath={"contract"})
+def _scalar_rows_contracted(src, dst, a, b, act, slope):
+    """The scalar loop of the CPU kernels (``cpu._forward_span``) over the rows, contracted as
+    :func:`_pairs_rows_contracted`."""
+    for j in range(src.shape[0]):
+        cpu._forward_span(src[j], dst[j], 0, src.shape[1], a, b, act, slope)
+
+
+#: ``(a, b)`` of the pairs tests: plain values, outputs below bfloat16's smallest normal
+#: (subnormal results), outputs that overflow to infinity, and a negative scale.
+_PAIRS_COEFFICIENTS = [(1.0, 0.0), (1.5, 0.25), (1e-30, 0.0), (3e38, -1.0), (-0.75, 1e-3)]
+
+
+@pytest.mark.parametrize("length", [32, 33, 47, 63, 64, 100, 1000])
+@pytest.mark.parametrize("act, slope", [("identity", 0.0), ("leaky_relu", 0.01),
+                                        ("leaky_relu", -0.5), ("leaky_relu", 1.5)])
+def test_bfloat16_pairs_rows_round_every_pattern_as_torch(length, act, slope):
+    """The forward's bfloat16 rows as pairs of elements per word (``layers.kernels.pairs``), on
+    all 65536 bit patterns (NaN payloads, subnormals, infinities, both zeros) in rows of
+    ``length`` elements: each element equals torch's float32 ``x * a + b`` and activation,
+    rounded by torch, bit for bit (NaN as ``0x7FC0``, the conversions' NaN), in place and out of
+    place. A row whose length is not a multiple of the 32-element step ends in a step that
+    overlaps the one before it: in place, a wrong order would transform its elements twice."""
+    from layers.kernels import common
+
+    code = {"identity": common.ACT_IDENTITY, "leaky_relu": common.ACT_LEAKY_RELU}[act]
+    patterns = _every_pattern(torch.bfloat16)
+    rows = patterns[:patterns.numel() // length * length].view(-1, length)
+    slope = np.float32(slope)
+    for a, b in _PAIRS_COEFFICIENTS:
+        a, b = np.float32(a), np.float32(b)
+        y = rows.float() * torch.tensor(a) + torch.tensor(b)
+        expected = (torch.where(y >= 0, y, y * torch.tensor(slope)) if act == "leaky_relu"
+                    else y).to(torch.bfloat16)
+        out, in_place = torch.empty_like(rows), rows.clone()
+        assert _pairs_rows(codecs.cpu_array(rows), codecs.cpu_array(out), a, b, code,
+                           slope) == rows.shape[0]
+        _pairs_rows(codecs.cpu_array(in_place), codecs.cpu_array(in_place), a, b, code, slope)
+        for got in (out, in_place):
+            _assert_same_values(got, expected)
+            assert (_bits(got)[got.isnan()] == 0x7FC0).all()
+
+
+@pytest.mark.parametrize("length", [32, 45, 1000])
+def test_bfloat16_pairs_rows_contract_as_the_scalar_loop(length):
+    """Compiled with ``contract`` (as the fused training forward is), the pairs rows fuse
+    ``x * a + b`` as the kernels' scalar loop does: the same bits."""
+    from layers.kernels import common
+
+    rows = torch.randn(64, length, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    a, b, slope = np.float32(1.0 / 3.0), np.float32(0.1), np.float32(0.01)
+    got, expected = torch.empty_like(rows), torch.empty_like(rows)
+    _pairs_rows_contracted(codecs.cpu_array(rows), codecs.cpu_array(got), a, b,
+                           common.ACT_LEAKY_RELU, slope)
+    _scalar_rows_contracted(codecs.cpu_array(rows), codecs.cpu_array(expected), a, b,
+                            common.ACT_LEAKY_RELU, slope)
+    assert torch.equal(_bits(got), _bits(expected))
+
+
+def test_bfloat16_pairs_rows_leave_what_they_have_no_vector_body_for():
+    """Rows shorter than one step, ELU, and other dtypes: not run, nothing written."""
+    from layers.kernels import common
+
+    a, b, slope = np.float32(2.0), np.float32(1.0), np.float32(0.01)
+    cases = [(torch.bfloat16, 31, common.ACT_LEAKY_RELU), (torch.bfloat16, 64, common.ACT_ELU),
+             (torch.float16, 64, common.ACT_LEAKY_RELU), (torch.float32, 64,
+                                                          common.ACT_IDENTITY)]
+    for dtype, length, act in cases:
+        rows = torch.randn(3, length).to(dtype)
+        out = torch.zeros_like(rows)
+        assert _pairs_rows(codecs.cpu_array(rows), codecs.cpu_array(out), a, b, act, slope) == 0
+        assert not out.any()
 
 
 @pytest.mark.parametrize("dtype", HALF)

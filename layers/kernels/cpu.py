@@ -6,7 +6,8 @@ Implements the backend API shared with :mod:`layers.kernels.cuda` (see
 Each takes torch CPU tensors in one of the canonical views of :mod:`layers.kernels.common`
 (3-D ``(N, C, S)`` or 2-D channels-last ``(M, C)``) and works on them zero-copy through
 ``Tensor.numpy()``; float16 and bfloat16 tensors arrive as their 16-bit patterns and are
-converted in registers (:mod:`layers.kernels.codecs`). For the eager path of
+converted in registers (:mod:`layers.kernels.codecs`; on AVX-512 hosts the forward's bfloat16
+rows as pairs of elements per 32-bit word, :mod:`layers.kernels.pairs`). For the eager path of
 :mod:`layers.functional` it also runs a layer's whole forward and whole backward in one call
 each (``forward_step``, ``backward_step``), the per-channel arithmetic included; those calls
 pass contiguous tensors by address instead (:func:`_address`), which costs a fraction of a
@@ -69,14 +70,14 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
-from . import caching, codecs, common, per_channel, step_vector_dtype
+from . import caching, codecs, common, pairs, per_channel, step_vector_dtype
 from .compose import compose_moments_forward
 from .common import ACT_ELU, ACT_IDENTITY, ACT_LEAKY_RELU, MODE_XHAT_FROM_X, MODE_XHAT_FROM_Y, \
     MODE_Y
 
 #: Source files besides this one whose code the kernels compile: their on-disk cache is keyed
 #: on them too (tests check that every compiled function comes from this file or these).
-DEPENDENCIES = (common.__file__, codecs.__file__, per_channel.__file__)
+DEPENDENCIES = (common.__file__, codecs.__file__, pairs.__file__, per_channel.__file__)
 
 #: Element reads and writes: 16-bit data converts to float32 in registers (:mod:`.codecs`).
 load, store, compute_empty = codecs.compiled_for_cpu()
@@ -222,6 +223,15 @@ def _compiles_for_avx512():
 
 #: Whether the 16-bit element-wise row loops split at :data:`_LANES` (:func:`_split_at_lanes`).
 _SPLITS_ROWS = _compiles_for_avx512()
+#: Whether the forward's element-wise loop runs bfloat16 rows as pairs of elements per 32-bit
+#: word, without shuffles (:func:`.pairs.scale_shift_act_row`). Measured on an AMD Zen 5 host
+#: (AVX-512, 2 threads, 2026-11-28; ``bench_kernels`` on bfloat16, two runs each alternating
+#: with the scalar loop): the normalize pass took 0.79-0.80 of the scalar loop's time at
+#: (32, 2048, 7, 7), 0.82-0.84 at (32, 1024, 14, 14), 0.84-0.85 at (32, 512, 28, 28) and
+#: 0.93-1.01 at (32, 256, 56, 56), where it waits on memory; the fused training forward
+#: 0.84-0.89, 0.85-0.86, 0.89-0.90 and 0.88-0.91. Not measured on hosts without AVX-512, which
+#: keep the scalar loop.
+_PAIRS_ROWS = _SPLITS_ROWS
 
 
 def _split_at_lanes(row):
@@ -505,6 +515,8 @@ def _forward_span(src, dst, start, stop, a, b, act, slope):
 
 @_jit_scalar
 def _forward_row(src, dst, a, b, act, slope):
+    if _PAIRS_ROWS and pairs.scale_shift_act_row(src, dst, a, b, act, slope):
+        return
     if _SPLITS_ROWS and _split_at_lanes(src):
         head = src.size - src.size % _LANES
         _forward_span(src, dst, 0, head, a, b, act, slope)
