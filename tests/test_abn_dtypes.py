@@ -304,18 +304,117 @@ def test_bfloat16_pairs_rows_contract_as_the_scalar_loop(length):
     assert torch.equal(_bits(got), _bits(expected))
 
 
+def _run_pairs_input_rows(z, dz, x, coef, act, slope, mode, out):
+    """:func:`layers.kernels.pairs.input_gradient_row` over the rows of 2-D arrays, with
+    ``coef`` the five scalars ``p, q, k0, k1, k2``; returns on how many rows it ran."""
+    p, q, k0, k1, k2 = coef
+    ran = 0
+    for j in range(z.shape[0]):
+        ran += pairs.input_gradient_row(z[j], dz[j], x[j], p, q, k0, k1, k2, act, slope, mode,
+                                        out[j])
+    return ran
+
+
+_pairs_input_rows = numba.njit(_run_pairs_input_rows)
+_pairs_input_rows_contracted = numba.njit(fastmath={"contract"})(_run_pairs_input_rows)
+
+
+@numba.njit(fastmath={"contract"})
+def _scalar_input_rows_contracted(z, dz, x, coef, act, slope, mode, out):
+    """The kernels' scalar input-gradient loop (``cpu._input_span``) over the rows, contracted
+    as :func:`_pairs_input_rows_contracted`."""
+    p, q, k0, k1, k2 = coef
+    for j in range(z.shape[0]):
+        cpu._input_span(z[j], dz[j], x[j], 0, z.shape[1], p, q, k0, k1, k2, act, slope,
+                        np.float32(0), mode, out[j])
+
+
+#: ``(p, q, k0, k1, k2)`` of the input-gradient pairs tests: plain values, and values whose
+#: results are subnormal or overflow.
+_PAIRS_INPUT_COEFFICIENTS = [(1.5, -0.25, 0.75, -0.5, 0.125), (1e-20, 0.0, 1e-20, 1e-18, 0.0),
+                             (3e20, 1.0, 2e18, 3e18, -1.0)]
+
+
+@pytest.mark.parametrize("length", [32, 45, 64, 1000])
+@pytest.mark.parametrize("act, slope", [("identity", 0.0), ("leaky_relu", 0.01),
+                                        ("leaky_relu", -0.5)])
+@pytest.mark.parametrize("from_x", [False, True], ids=["from_y", "from_x"])
+def test_bfloat16_pairs_input_gradient_rows_round_every_pattern_as_torch(length, act, slope,
+                                                                         from_x):
+    """The backward's input gradient over bfloat16 rows as pairs per word, on all 65536 bit
+    patterns as ``z`` (and, shuffled, as the incoming gradient and the stored input): each
+    element equals torch's float32 ``dy * k0 + v * k1 + k2`` in the kernels' order
+    (``dy = act_grad(z, dz)``, ``v = u * p + q`` with ``u`` the stored input or
+    ``act^-1(z)``), rounded by torch, bit for bit, NaN as ``0x7FC0``; in place over the
+    incoming gradient and out of place."""
+    from layers.kernels import common
+
+    code = {"identity": common.ACT_IDENTITY, "leaky_relu": common.ACT_LEAKY_RELU}[act]
+    mode = common.MODE_XHAT_FROM_X if from_x else common.MODE_XHAT_FROM_Y
+    generator = torch.Generator().manual_seed(6)
+    patterns = _every_pattern(torch.bfloat16)
+    count = patterns.numel() // length * length
+    z, dz, x = (patterns[torch.randperm(patterns.numel(), generator=generator)[:count]]
+                .view(-1, length) for _ in range(3))
+    slope = np.float32(slope)
+    for coef in _PAIRS_INPUT_COEFFICIENTS:
+        coef = tuple(np.float32(k) for k in coef)
+        p, q, k0, k1, k2 = (torch.tensor(k) for k in coef)
+        zf, dzf = z.float(), dz.float()
+        leaky = act == "leaky_relu"
+        dy = torch.where(zf > 0, dzf, dzf * torch.tensor(slope)) if leaky else dzf
+        u = x.float() if from_x else (torch.where(zf > 0, zf, zf / torch.tensor(slope))
+                                      if leaky else zf)
+        expected = (dy * k0 + (u * p + q) * k1 + k2).to(torch.bfloat16)
+        out, in_place = torch.empty_like(z), dz.clone()
+        arrays = [codecs.cpu_array(t) for t in (z, dz, x)]
+        assert _pairs_input_rows(*arrays, coef, code, slope, mode,
+                                 codecs.cpu_array(out)) == z.shape[0]
+        _pairs_input_rows(arrays[0], codecs.cpu_array(in_place), arrays[2], coef, code, slope,
+                          mode, codecs.cpu_array(in_place))
+        for got in (out, in_place):
+            _assert_same_values(got, expected)
+            assert (_bits(got)[got.isnan()] == 0x7FC0).all()
+
+
+@pytest.mark.parametrize("from_x", [False, True], ids=["from_y", "from_x"])
+def test_bfloat16_pairs_input_gradient_rows_contract_as_the_scalar_loop(from_x):
+    """Compiled with ``contract``, the input-gradient pairs rows fuse their multiply-adds as
+    the kernels' scalar loop does: the same bits."""
+    from layers.kernels import common
+
+    mode = common.MODE_XHAT_FROM_X if from_x else common.MODE_XHAT_FROM_Y
+    generator = torch.Generator().manual_seed(7)
+    z, dz, x = (torch.randn(64, 77, generator=generator).to(torch.bfloat16) for _ in range(3))
+    coef = tuple(np.float32(k) for k in (1.0 / 3.0, 0.1, 0.7, -1.0 / 7.0, 0.01))
+    slope = np.float32(0.01)
+    arrays = [codecs.cpu_array(t) for t in (z, dz, x)]
+    got, expected = torch.empty_like(z), torch.empty_like(z)
+    _pairs_input_rows_contracted(*arrays, coef, common.ACT_LEAKY_RELU, slope, mode,
+                                 codecs.cpu_array(got))
+    _scalar_input_rows_contracted(*arrays, coef, common.ACT_LEAKY_RELU, slope, mode,
+                                  codecs.cpu_array(expected))
+    assert torch.equal(_bits(got), _bits(expected))
+
+
 def test_bfloat16_pairs_rows_leave_what_they_have_no_vector_body_for():
-    """Rows shorter than one step, ELU, and other dtypes: not run, nothing written."""
+    """Rows shorter than one step, ELU, and other dtypes: neither the forward's nor the input
+    gradient's rows run, and nothing is written."""
     from layers.kernels import common
 
     a, b, slope = np.float32(2.0), np.float32(1.0), np.float32(0.01)
     cases = [(torch.bfloat16, 31, common.ACT_LEAKY_RELU), (torch.bfloat16, 64, common.ACT_ELU),
              (torch.float16, 64, common.ACT_LEAKY_RELU), (torch.float32, 64,
                                                           common.ACT_IDENTITY)]
+    coef = (a, b, a, b, a)
     for dtype, length, act in cases:
         rows = torch.randn(3, length).to(dtype)
         out = torch.zeros_like(rows)
         assert _pairs_rows(codecs.cpu_array(rows), codecs.cpu_array(out), a, b, act, slope) == 0
+        arrays = [codecs.cpu_array(rows)] * 3
+        for mode in (common.MODE_XHAT_FROM_Y, common.MODE_XHAT_FROM_X):
+            assert _pairs_input_rows(*arrays, coef, act, slope, mode,
+                                     codecs.cpu_array(out)) == 0
         assert not out.any()
 
 

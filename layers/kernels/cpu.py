@@ -223,14 +223,16 @@ def _compiles_for_avx512():
 
 #: Whether the 16-bit element-wise row loops split at :data:`_LANES` (:func:`_split_at_lanes`).
 _SPLITS_ROWS = _compiles_for_avx512()
-#: Whether the forward's element-wise loop runs bfloat16 rows as pairs of elements per 32-bit
-#: word, without shuffles (:func:`.pairs.scale_shift_act_row`). Measured on an AMD Zen 5 host
-#: (AVX-512, 2 threads, 2026-11-28; ``bench_kernels`` on bfloat16, two runs each alternating
-#: with the scalar loop): the normalize pass took 0.79-0.80 of the scalar loop's time at
-#: (32, 2048, 7, 7), 0.82-0.84 at (32, 1024, 14, 14), 0.84-0.85 at (32, 512, 28, 28) and
-#: 0.93-1.01 at (32, 256, 56, 56), where it waits on memory; the fused training forward
-#: 0.84-0.89, 0.85-0.86, 0.89-0.90 and 0.88-0.91. Not measured on hosts without AVX-512, which
-#: keep the scalar loop.
+#: Whether the element-wise loops of the forward and of the backward's input gradient run
+#: bfloat16 rows as pairs of elements per 32-bit word, without shuffles (:mod:`.pairs`).
+#: Measured on an AMD Zen 5 host (AVX-512, 2 threads, 2026-11-28; ``bench_kernels`` on
+#: bfloat16, two runs each alternating with the scalar loops). The forward's: the normalize
+#: pass took 0.79-0.80 of the scalar loop's time at (32, 2048, 7, 7), 0.82-0.84 at
+#: (32, 1024, 14, 14), 0.84-0.85 at (32, 512, 28, 28) and 0.93-1.01 at (32, 256, 56, 56),
+#: where it waits on memory; the fused training forward 0.84-0.89, 0.85-0.86, 0.89-0.90 and
+#: 0.88-0.91. The input gradient's, on top: the in-place pass 0.79-0.83, 0.90-0.96, 0.87-0.96
+#: and 0.98-1.11; the layer's forward + backward 0.90-0.94, 0.95-1.01, 0.92-0.93 and
+#: 0.93-0.98. Not measured on hosts without AVX-512, which keep the scalar loops.
 _PAIRS_ROWS = _SPLITS_ROWS
 
 
@@ -580,6 +582,9 @@ def _input_span(z, dz, x, start, stop, p, q, k0, k1, k2, act, slope, floor, mode
 
 @_jit_scalar
 def _input_row(z, dz, x, p, q, k0, k1, k2, act, slope, floor, mode, out):
+    if _PAIRS_ROWS and pairs.input_gradient_row(z, dz, x, p, q, k0, k1, k2, act, slope, mode,
+                                                out):
+        return
     if _SPLITS_ROWS and _split_at_lanes(z):
         head = z.size - z.size % _LANES
         _input_span(z, dz, x, 0, head, p, q, k0, k1, k2, act, slope, floor, mode, out)

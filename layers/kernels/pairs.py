@@ -9,25 +9,21 @@ arithmetic. LLVM's vectorisation of the scalar loops of :mod:`.cpu` instead wide
 element to 32 bits and narrows it back with cross-lane shuffles (``vpmovzxwd``, ``vpmovdw``),
 which issue on few ports and bound those loops.
 
-:func:`scale_shift_act_row` writes the forward's element-wise loop over a row this way, in LLVM
-vector IR, 32 elements (sixteen words) per step. A row's last step is the row's last 32
-elements, loaded before the other steps run and stored after them: it overlaps the step before
-it, whose elements it computes again from the same inputs (so in place too, each element
-is written with the same value twice), instead of a masked step that would leave the next
-row's first load waiting on a partial store. Rows shorter than one step keep the scalar loop.
-
-The arithmetic per element is the scalar loop's (:func:`.common.act_forward` of ``x * a + b``,
-rounded to nearest even with NaN as ``0x7FC0`` as in :mod:`.codecs`), so the results are the
-same bit for bit; numba applies the calling kernel's fast-math flags to these instructions as
-to its own, so a kernel that contracts ``x * a + b`` into a fused multiply-add contracts both.
-Only the activations with a closed form in a few instructions have a vector body
-(identity and leaky ReLU); ELU keeps the scalar loop.
+Two element-wise loops of the CPU kernels are written this way, in LLVM vector IR, 32 elements
+(sixteen words) per step (:func:`_emit_row`): the forward's ``act(x * a + b)``
+(:func:`scale_shift_act_row`) and the backward's input gradient (:func:`input_gradient_row`).
+Rows shorter than one step, and ELU, keep the scalar loops. The arithmetic per element is the
+scalar loops' (:mod:`.common`'s activation formulas, rounded to nearest even with NaN as
+``0x7FC0`` as in :mod:`.codecs`), in the same order, so the results are the same bit for bit;
+numba applies the calling kernel's fast-math flags to these instructions as to its own, so a
+kernel that contracts ``x * a + b`` into a fused multiply-add contracts both.
 """
+import numba
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
-from .common import ACT_IDENTITY, ACT_LEAKY_RELU
+from .common import ACT_IDENTITY, ACT_LEAKY_RELU, MODE_XHAT_FROM_X
 
 #: Elements per vector step: sixteen 32-bit words of two bfloat16 each (one AVX-512 register).
 STEP = 32
@@ -75,65 +71,128 @@ def _pack(builder, first, second):
     return builder.or_(low, high)
 
 
-class _RowStep:
-    """The code of one step of :func:`scale_shift_act_row`: ``act(x * a + b)`` over the 32
-    elements at an index of the rows ``src`` and ``dst`` (LLVM pointers to 16-bit elements)."""
+def _row_pointer(builder, row, index):
+    """Pointer to the step of 32 elements at ``index`` of ``row`` (a pointer to 16-bit data)."""
+    return builder.bitcast(builder.gep(row, [index]), _ELEMENTS.as_pointer())
 
-    def __init__(self, builder, src, dst, a, b, leaky, slope):
-        self.builder, self.src, self.dst = builder, src, dst
-        self.a, self.b, self.slope = (_broadcast(builder, value) for value in (a, b, slope))
-        self.leaky = leaky
 
-    def _pointer(self, row, index):
-        return self.builder.bitcast(self.builder.gep(row, [index]), _ELEMENTS.as_pointer())
+def _emit_row(builder, size, sources, destination, element_values):
+    """Code of one row: for each step of 32 elements, the words of ``sources`` (LLVM pointers to
+    rows of ``size`` bfloat16 elements) unpacked, ``element_values(builder, values)`` (one
+    float32 vector per source, in their order; the result's float32 vector) for the first and
+    for the second element of each word, packed and stored at ``destination``, which may be
+    one of the sources (in place).
 
-    def compute(self, index):
-        """The output words of the step at ``index``, from its input words."""
-        words = self.builder.bitcast(self.builder.load(self._pointer(self.src, index), align=2),
-                                     _WORDS)
-        return _pack(self.builder, *(self._act(x) for x in _unpack(self.builder, words)))
+    The steps start at every multiple of 32 below ``size - 32``, and one more step covers the
+    row's last 32 elements (``size`` is at least :data:`STEP`); it overlaps the step before it,
+    the only one it overlaps, so both of those read their inputs before either writes. In
+    place, the overlapped elements are thus computed twice from the same inputs and written
+    twice with the same value, and no step is masked: with a masked last step the normalize
+    pass over 7x7 maps ran at about half the speed (measured; the next row's first load
+    likely waits on the partial store). The reads go up the row in order, as the hardware
+    prefetchers expect: with the last step read first, before the others, the input-gradient
+    pass over 14x14 maps read from memory took twice as long."""
+    def compute(index):
+        words = [builder.bitcast(builder.load(_row_pointer(builder, row, index), align=2),
+                                 _WORDS) for row in sources]
+        firsts, seconds = zip(*(_unpack(builder, w) for w in words))
+        return _pack(builder, element_values(builder, firsts), element_values(builder, seconds))
 
-    def store(self, words, index):
-        """Write the output ``words`` of the step at ``index``."""
-        self.builder.store(self.builder.bitcast(words, _ELEMENTS), self._pointer(self.dst, index),
-                           align=2)
+    def store(words, index):
+        builder.store(builder.bitcast(words, _ELEMENTS), _row_pointer(builder, destination, index),
+                      align=2)
 
-    def _act(self, x):
-        """``act(x * a + b)`` lane by lane, as :func:`.common.act_forward`: identity, or leaky
-        ReLU where ``leaky`` (an i1) is set: ``y if y >= 0 else y * slope``."""
-        builder = self.builder
-        y = builder.fadd(builder.fmul(x, self.a), self.b)
-        leaky = builder.select(builder.fcmp_ordered(">=", y, _splat(_FLOATS, 0.0)), y,
-                               builder.fmul(y, self.slope))
-        return builder.select(self.leaky, leaky, y)
+    step, zero = ir.Constant(_I64, STEP), ir.Constant(_I64, 0)
+    last = builder.sub(size, step)
+    # steps before the last one: ceil(last / STEP); all but the final one in the loop
+    before_last = builder.udiv(builder.add(last, ir.Constant(_I64, STEP - 1)), step)
+    looped = builder.select(builder.icmp_unsigned(">", before_last, zero),
+                            builder.sub(before_last, ir.Constant(_I64, 1)), zero)
+    with cgutils.for_range(builder, looped) as loop:
+        index = builder.mul(loop.index, step)
+        store(compute(index), index)
+    final = builder.mul(looped, step)  # 0 = last where the row is one step long: stored twice
+    final_words, last_words = compute(final), compute(last)
+    store(final_words, final)
+    store(last_words, last)
+
+
+def _is_row(kind):
+    """Whether the numba type ``kind`` is a 1-D array of bfloat16 bits."""
+    return isinstance(kind, types.Array) and kind.ndim == 1 and kind.dtype == types.uint16
+
+
+def _arguments(context, builder, signature, args):
+    """Each argument as codegen uses it: a row as the pointer to its data (and its size, in
+    ``sizes``), a boolean as an i1, any other scalar as a float32 vector with it in every lane."""
+    values, sizes = [], []
+    for value, kind in zip(args, signature.args):
+        if _is_row(kind):
+            array = context.make_array(kind)(context, builder, value)
+            values.append(array.data)
+            sizes.append(builder.extract_value(array.shape, 0))
+        elif isinstance(kind, types.Boolean):
+            values.append(value)
+        else:
+            values.append(_broadcast(builder, context.cast(builder, value, kind, types.float32)))
+    return values, sizes
 
 
 @intrinsic
 def _scale_shift_act_row(typingctx, src, dst, a, b, leaky, slope):
-    if not all(isinstance(row, types.Array) and row.ndim == 1 and row.dtype == types.uint16
-               for row in (src, dst)):
+    """``dst = act(src * a + b)`` (:func:`scale_shift_act_row`); ``leaky``: leaky ReLU, else
+    identity."""
+    if not (_is_row(src) and _is_row(dst)):
         return None
 
     def codegen(context, builder, signature, args):
-        src_type, dst_type, a_type, b_type, leaky_type, slope_type = signature.args
-        src_array = context.make_array(src_type)(context, builder, args[0])
-        dst_array = context.make_array(dst_type)(context, builder, args[1])
-        a_value, b_value, slope_value = (context.cast(builder, value, kind, types.float32)
-                                         for value, kind in ((args[2], a_type), (args[3], b_type),
-                                                             (args[5], slope_type)))
-        step = _RowStep(builder, src_array.data, dst_array.data, a_value, b_value,
-                        context.cast(builder, args[4], leaky_type, types.boolean), slope_value)
-        size = builder.extract_value(src_array.shape, 0)
-        last = builder.sub(size, ir.Constant(_I64, STEP))
-        last_words = step.compute(last)  # read before the steps that overlap it write
-        steps = builder.udiv(builder.add(last, ir.Constant(_I64, STEP - 1)),
-                             ir.Constant(_I64, STEP))
-        with cgutils.for_range(builder, steps) as loop:
-            index = builder.mul(loop.index, ir.Constant(_I64, STEP))
-            step.store(step.compute(index), index)
-        step.store(last_words, last)
+        (src_row, dst_row, a_lanes, b_lanes, is_leaky, slope_lanes), (size, _) = _arguments(
+            context, builder, signature, args)
+
+        def element_values(builder, values):
+            # act_forward: identity, or y if y >= 0 else y * slope
+            y = builder.fadd(builder.fmul(values[0], a_lanes), b_lanes)
+            leaky = builder.select(builder.fcmp_ordered(">=", y, _splat(_FLOATS, 0.0)), y,
+                                   builder.fmul(y, slope_lanes))
+            return builder.select(is_leaky, leaky, y)
+        _emit_row(builder, size, [src_row], dst_row, element_values)
         return context.get_dummy_value()
     return types.none(src, dst, a, b, leaky, slope), codegen
+
+
+@intrinsic
+def _input_gradient_row(typingctx, z, dz, x, p, q, k0, k1, k2, leaky, from_x, slope, out):
+    """``out = dy * k0 + v * k1 + k2`` (:func:`input_gradient_row`); ``leaky``: leaky ReLU, else
+    identity; ``from_x``: ``v = x * p + q``, else ``v = act^-1(z) * p + q``. Where ``from_x`` is
+    a constant, LLVM drops the loads and arithmetic of the other case."""
+    if not all(_is_row(row) for row in (z, dz, x, out)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        values, sizes = _arguments(context, builder, signature, args)
+        z_row, dz_row, x_row, p_lanes, q_lanes, k0_lanes, k1_lanes, k2_lanes, is_leaky, \
+            is_from_x, slope_lanes, out_row = values
+
+        def element_values(builder, values):
+            zt, dzt, xt = values
+            positive = builder.fcmp_ordered(">", zt, _splat(_FLOATS, 0.0))
+            # act_grad: dz if z > 0 else dz * slope; act_inverse: z if z > 0 else z / slope
+            dy = builder.select(is_leaky, builder.select(positive, dzt,
+                                                         builder.fmul(dzt, slope_lanes)), dzt)
+            y = builder.select(is_leaky, builder.select(positive, zt,
+                                                        builder.fdiv(zt, slope_lanes)), zt)
+            v = builder.fadd(builder.fmul(builder.select(is_from_x, xt, y), p_lanes), q_lanes)
+            return builder.fadd(builder.fadd(builder.fmul(dy, k0_lanes),
+                                             builder.fmul(v, k1_lanes)), k2_lanes)
+        _emit_row(builder, sizes[0], [z_row, dz_row, x_row], out_row, element_values)
+        return context.get_dummy_value()
+    return types.none(z, dz, x, p, q, k0, k1, k2, leaky, from_x, slope, out), codegen
+
+
+@numba.njit(inline="always")
+def _has_vector_body(act):
+    """Whether the activation ``act`` has a vector body here: identity and leaky ReLU."""
+    return act == ACT_IDENTITY or act == ACT_LEAKY_RELU
 
 
 def scale_shift_act_row(src, dst, a, b, act, slope):
@@ -145,12 +204,36 @@ def scale_shift_act_row(src, dst, a, b, act, slope):
 
 @overload(scale_shift_act_row, inline="always")
 def _scale_shift_act_row_overload(src, dst, a, b, act, slope):
-    if not (isinstance(src, types.Array) and src.dtype == types.uint16):
+    if not (_is_row(src) and _is_row(dst)):
         return lambda src, dst, a, b, act, slope: False
 
     def implementation(src, dst, a, b, act, slope):
-        if src.size < STEP or not (act == ACT_IDENTITY or act == ACT_LEAKY_RELU):
+        if src.size < STEP or not _has_vector_body(act):
             return False
         _scale_shift_act_row(src, dst, a, b, act == ACT_LEAKY_RELU, slope)
+        return True
+    return implementation
+
+
+def input_gradient_row(z, dz, x, p, q, k0, k1, k2, act, slope, mode, out):
+    """The backward's input gradient over 1-D rows of the same length, as the CPU kernels'
+    scalar loop computes it: ``out[t] = dy * k0 + v * k1 + k2`` with ``dy = act_grad(z, dz)``
+    and ``v = u * p + q``, ``u`` the stored input ``x`` (``MODE_XHAT_FROM_X``) or
+    ``act^-1(z)`` (the other modes). ``out`` is ``dz`` (in place) or a row that overlaps none
+    of the others. Runs where this module has a vector body: bfloat16 rows (``uint16``) of at
+    least :data:`STEP` elements, identity or leaky ReLU (``slope``). Returns whether it ran;
+    it writes nothing where it returns False. Compiled code only."""
+
+
+@overload(input_gradient_row, inline="always")
+def _input_gradient_row_overload(z, dz, x, p, q, k0, k1, k2, act, slope, mode, out):
+    if not all(_is_row(row) for row in (z, dz, x, out)):
+        return lambda z, dz, x, p, q, k0, k1, k2, act, slope, mode, out: False
+
+    def implementation(z, dz, x, p, q, k0, k1, k2, act, slope, mode, out):
+        if z.size < STEP or not _has_vector_body(act):
+            return False
+        _input_gradient_row(z, dz, x, p, q, k0, k1, k2, act == ACT_LEAKY_RELU,
+                            mode == MODE_XHAT_FROM_X, slope, out)
         return True
     return implementation
