@@ -198,13 +198,21 @@ def _has_vector_body(act):
 def scale_shift_act_row(src, dst, a, b, act, slope):
     """``dst[t] = act(src[t] * a + b)`` over two 1-D rows of the same length, the same row (in
     place) or rows that do not overlap, where this module has a vector body for them: bfloat16
-    bits (``uint16``) of at least :data:`STEP` elements, identity or leaky ReLU (``slope``).
-    Returns whether it ran; it writes nothing where it returns False. Compiled code only."""
+    bits (``uint16``) of at least :data:`STEP` elements, identity or leaky ReLU (``slope``),
+    float32 scalars. Returns whether it ran; it writes nothing where it returns False. Compiled
+    code only."""
+
+
+def _float32_scalars(*kinds):
+    """Whether all the numba types ``kinds`` are float32: the scalars the scalar loops compute
+    with on bfloat16 data (another type would change their arithmetic, and this module's code
+    computes in float32 only)."""
+    return all(kind == types.float32 for kind in kinds)
 
 
 @overload(scale_shift_act_row, inline="always")
 def _scale_shift_act_row_overload(src, dst, a, b, act, slope):
-    if not (_is_row(src) and _is_row(dst)):
+    if not (_is_row(src) and _is_row(dst) and _float32_scalars(a, b, slope)):
         return lambda src, dst, a, b, act, slope: False
 
     def implementation(src, dst, a, b, act, slope):
@@ -221,13 +229,14 @@ def input_gradient_row(z, dz, x, p, q, k0, k1, k2, act, slope, mode, out):
     and ``v = u * p + q``, ``u`` the stored input ``x`` (``MODE_XHAT_FROM_X``) or
     ``act^-1(z)`` (the other modes). ``out`` is ``dz`` (in place) or a row that overlaps none
     of the others. Runs where this module has a vector body: bfloat16 rows (``uint16``) of at
-    least :data:`STEP` elements, identity or leaky ReLU (``slope``). Returns whether it ran;
-    it writes nothing where it returns False. Compiled code only."""
+    least :data:`STEP` elements, identity or leaky ReLU (``slope``), float32 scalars. Returns
+    whether it ran; it writes nothing where it returns False. Compiled code only."""
 
 
 @overload(input_gradient_row, inline="always")
 def _input_gradient_row_overload(z, dz, x, p, q, k0, k1, k2, act, slope, mode, out):
-    if not all(_is_row(row) for row in (z, dz, x, out)):
+    if not (all(_is_row(row) for row in (z, dz, x, out))
+            and _float32_scalars(p, q, k0, k1, k2, slope)):
         return lambda z, dz, x, p, q, k0, k1, k2, act, slope, mode, out: False
 
     def implementation(z, dz, x, p, q, k0, k1, k2, act, slope, mode, out):
