@@ -6,8 +6,9 @@ Implements the backend API shared with :mod:`layers.kernels.cuda` (see
 Each takes torch CPU tensors in one of the canonical views of :mod:`layers.kernels.common`
 (3-D ``(N, C, S)`` or 2-D channels-last ``(M, C)``) and works on them zero-copy through
 ``Tensor.numpy()``; float16 and bfloat16 tensors arrive as their 16-bit patterns and are
-converted in registers (:mod:`layers.kernels.codecs`; on AVX-512 hosts the forward's bfloat16
-rows as pairs of elements per 32-bit word, :mod:`layers.kernels.pairs`). For the eager path of
+converted in registers (:mod:`layers.kernels.codecs`; on AVX-512 hosts the element-wise loops
+of the forward and of the input gradient take bfloat16 rows as pairs of elements per 32-bit
+word, :mod:`layers.kernels.pairs`). For the eager path of
 :mod:`layers.functional` it also runs a layer's whole forward and whole backward in one call
 each (``forward_step``, ``backward_step``), the per-channel arithmetic included; those calls
 pass contiguous tensors by address instead (:func:`_address`), which costs a fraction of a
@@ -224,15 +225,16 @@ def _compiles_for_avx512():
 #: Whether the 16-bit element-wise row loops split at :data:`_LANES` (:func:`_split_at_lanes`).
 _SPLITS_ROWS = _compiles_for_avx512()
 #: Whether the element-wise loops of the forward and of the backward's input gradient run
-#: bfloat16 rows as pairs of elements per 32-bit word, without shuffles (:mod:`.pairs`).
-#: Measured on an AMD Zen 5 host (AVX-512, 2 threads, 2026-11-28; ``bench_kernels`` on
-#: bfloat16, two runs each alternating with the scalar loops). The forward's: the normalize
-#: pass took 0.79-0.80 of the scalar loop's time at (32, 2048, 7, 7), 0.82-0.84 at
-#: (32, 1024, 14, 14), 0.84-0.85 at (32, 512, 28, 28) and 0.93-1.01 at (32, 256, 56, 56),
-#: where it waits on memory; the fused training forward 0.84-0.89, 0.85-0.86, 0.89-0.90 and
-#: 0.88-0.91. The input gradient's, on top: the in-place pass 0.79-0.83, 0.90-0.96, 0.87-0.96
-#: and 0.98-1.11; the layer's forward + backward 0.90-0.94, 0.95-1.01, 0.92-0.93 and
-#: 0.93-0.98. Not measured on hosts without AVX-512, which keep the scalar loops.
+#: bfloat16 rows as pairs of elements per 32-bit word, without shuffles (:mod:`.pairs`). Measured
+#: on an AMD Zen 5 host (AVX-512, 2 threads, 2026-11-28; ``bench_kernels`` on bfloat16, two runs
+#: each alternating with the scalar loops). The forward's (when it still read a row's last step
+#: first): the normalize pass took 0.79-0.80 of the scalar loop's time at (32, 2048, 7, 7),
+#: 0.82-0.84 at (32, 1024, 14, 14), 0.84-0.85 at (32, 512, 28, 28) and 0.93-1.01 at
+#: (32, 256, 56, 56), where it waits on memory; the fused training forward 0.84-0.89,
+#: 0.85-0.86, 0.89-0.90 and 0.88-0.91. The input gradient's, on top: the in-place pass
+#: 0.79-0.83, 0.90-0.96, 0.87-0.96 and 0.98-1.11; the layer's forward + backward 0.90-0.94,
+#: 0.95-1.01, 0.92-0.93 and 0.93-0.98. Not measured on hosts without AVX-512, which keep the
+#: scalar loops.
 _PAIRS_ROWS = _SPLITS_ROWS
 
 
