@@ -152,15 +152,33 @@ def _float32_from(builder, value, kind):
     return builder.fpext(half, _FLOAT)
 
 
+def constant(kind, value):
+    """An LLVM constant of type ``kind`` with ``value``, in every lane where ``kind`` is a vector
+    type."""
+    if isinstance(kind, ir.VectorType):
+        return ir.Constant(kind, [ir.Constant(kind.element, value)] * kind.count)
+    return ir.Constant(kind, value)
+
+
+def rounded_bfloat16_word(builder, value):
+    """LLVM: a float32 ``value`` (or vector of them) rounded to the nearest bfloat16, ties to
+    even, NaN as ``0x7FC0``: a 32-bit word (or vector of them) with the bfloat16's bits in its
+    top half, its low half left over from the rounding. The one rounding of the compiled
+    :func:`store` and of :mod:`.pairs`."""
+    word = ir.VectorType(_I32, value.type.count) if isinstance(value.type, ir.VectorType) \
+        else _I32
+    bits = builder.bitcast(value, word)
+    low_bit = builder.and_(builder.lshr(bits, constant(word, 16)), constant(word, 1))
+    rounded = builder.add(bits, builder.add(constant(word, 0x7FFF), low_bit))
+    is_nan = builder.fcmp_unordered("uno", value, value)
+    return builder.select(is_nan, constant(word, 0x7FC00000), rounded)
+
+
 def _bits_from(builder, value, kind):
     """LLVM: a float32 ``value`` as an element of numba type ``kind`` (16-bit)."""
     if kind == types.uint16:  # round to nearest, ties to even; NaN -> 0x7FC0
-        bits = builder.bitcast(value, _I32)
-        low_bit = builder.and_(builder.lshr(bits, ir.Constant(_I32, 16)), ir.Constant(_I32, 1))
-        rounded = builder.add(bits, builder.add(ir.Constant(_I32, 0x7FFF), low_bit))
-        upper = builder.trunc(builder.lshr(rounded, ir.Constant(_I32, 16)), _I16)
-        is_nan = builder.fcmp_unordered("uno", value, value)
-        return builder.select(is_nan, ir.Constant(_I16, 0x7FC0), upper)
+        word = rounded_bfloat16_word(builder, value)
+        return builder.trunc(builder.lshr(word, ir.Constant(_I32, 16)), _I16)
     return builder.bitcast(builder.fptrunc(value, _HALF), _I16)
 
 

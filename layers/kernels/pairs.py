@@ -3,11 +3,12 @@
 A bfloat16 is the top half of a float32, so a 32-bit word holding two consecutive bfloat16
 elements gives two float32 values with one integer operation each: the word shifted up by 16
 bits is the first (lower-address) element, the word with its low half cleared the second.
-Back, the two rounded float32 values (:func:`_rounded_high`: each bfloat16 in the top half of
-its lane) merge into one word with a shift, a mask and an or. All of it is lane-wise integer
-arithmetic. LLVM's vectorisation of the scalar loops of :mod:`.cpu` instead widens each 16-bit
-element to 32 bits and narrows it back with cross-lane shuffles (``vpmovzxwd``, ``vpmovdw``),
-which issue on few ports and bound those loops.
+Back, the two rounded float32 values (:func:`.codecs.rounded_bfloat16_word`: each bfloat16 in
+the top half of its lane, the rounding the scalar stores use too) merge into one word with a
+shift, a mask and an or. All of it is lane-wise integer arithmetic. LLVM's vectorisation of the
+scalar loops of :mod:`.cpu` instead widens each 16-bit element to 32 bits and narrows it back
+with cross-lane shuffles (``vpmovzxwd``, ``vpmovdw``), which issue on few ports and bound those
+loops.
 
 Two element-wise loops of the CPU kernels are written this way, in LLVM vector IR, 32 elements
 (sixteen words) per step (:func:`_emit_row`): the forward's ``act(x * a + b)``
@@ -23,6 +24,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
+from .codecs import constant, rounded_bfloat16_word
 from .common import ACT_IDENTITY, ACT_LEAKY_RELU, MODE_XHAT_FROM_X
 
 #: Elements per vector step: sixteen 32-bit words of two bfloat16 each (one AVX-512 register).
@@ -34,40 +36,24 @@ _FLOATS = ir.VectorType(_FLOAT, STEP // 2)
 _ELEMENTS = ir.VectorType(ir.IntType(16), STEP)
 
 
-def _splat(vector_type, value):
-    """A constant vector of ``vector_type`` with every lane ``value``."""
-    return ir.Constant(vector_type, [ir.Constant(vector_type.element, value)] * vector_type.count)
-
-
 def _broadcast(builder, value):
     """The float32 LLVM ``value`` in every lane of a vector of :data:`_FLOATS`."""
     single = builder.insert_element(ir.Constant(_FLOATS, ir.Undefined), value,
                                     ir.Constant(_I32, 0))
-    return builder.shuffle_vector(single, single, _splat(_WORDS, 0))
-
-
-def _rounded_high(builder, values):
-    """The bfloat16 nearest each float32 lane of ``values`` (ties to even, NaN as ``0x7FC0``)
-    in the top half of each 32-bit lane, the low half left over from the rounding: the
-    arithmetic of :func:`.codecs._bits_from` before its shift down."""
-    bits = builder.bitcast(values, _WORDS)
-    low_bit = builder.and_(builder.lshr(bits, _splat(_WORDS, 16)), _splat(_WORDS, 1))
-    rounded = builder.add(bits, builder.add(_splat(_WORDS, 0x7FFF), low_bit))
-    is_nan = builder.fcmp_unordered("uno", values, values)
-    return builder.select(is_nan, _splat(_WORDS, 0x7FC00000), rounded)
+    return builder.shuffle_vector(single, single, constant(_WORDS, 0))
 
 
 def _unpack(builder, words):
     """The float32 values of the first and of the second element of each word."""
-    first = builder.shl(words, _splat(_WORDS, 16))
-    second = builder.and_(words, _splat(_WORDS, 0xFFFF0000))
+    first = builder.shl(words, constant(_WORDS, 16))
+    second = builder.and_(words, constant(_WORDS, 0xFFFF0000))
     return builder.bitcast(first, _FLOATS), builder.bitcast(second, _FLOATS)
 
 
 def _pack(builder, first, second):
     """Words of the bfloat16 of ``first`` (low half: the first element) and of ``second``."""
-    low = builder.lshr(_rounded_high(builder, first), _splat(_WORDS, 16))
-    high = builder.and_(_rounded_high(builder, second), _splat(_WORDS, 0xFFFF0000))
+    low = builder.lshr(rounded_bfloat16_word(builder, first), constant(_WORDS, 16))
+    high = builder.and_(rounded_bfloat16_word(builder, second), constant(_WORDS, 0xFFFF0000))
     return builder.or_(low, high)
 
 
@@ -152,7 +138,7 @@ def _scale_shift_act_row(typingctx, src, dst, a, b, leaky, slope):
         def element_values(builder, values):
             # act_forward: identity, or y if y >= 0 else y * slope
             y = builder.fadd(builder.fmul(values[0], a_lanes), b_lanes)
-            leaky = builder.select(builder.fcmp_ordered(">=", y, _splat(_FLOATS, 0.0)), y,
+            leaky = builder.select(builder.fcmp_ordered(">=", y, constant(_FLOATS, 0.0)), y,
                                    builder.fmul(y, slope_lanes))
             return builder.select(is_leaky, leaky, y)
         _emit_row(builder, size, [src_row], dst_row, element_values)
@@ -175,7 +161,7 @@ def _input_gradient_row(typingctx, z, dz, x, p, q, k0, k1, k2, leaky, from_x, sl
 
         def element_values(builder, values):
             zt, dzt, xt = values
-            positive = builder.fcmp_ordered(">", zt, _splat(_FLOATS, 0.0))
+            positive = builder.fcmp_ordered(">", zt, constant(_FLOATS, 0.0))
             # act_grad: dz if z > 0 else dz * slope; act_inverse: z if z > 0 else z / slope
             dy = builder.select(is_leaky, builder.select(positive, dzt,
                                                          builder.fmul(dzt, slope_lanes)), dzt)
