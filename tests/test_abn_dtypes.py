@@ -17,6 +17,7 @@ import torch.nn as nn
 
 import layers  # before numba: under LAYERS_KERNELS=cudasim it selects numba's simulator
 import numba
+from numba.extending import intrinsic
 from abn_reference import reference_step
 from layers.densenet import densenet_bc
 from layers.kernels import codecs, cpu, pairs
@@ -426,6 +427,59 @@ def test_bfloat16_pairs_rows_leave_what_they_have_no_vector_body_for():
                              common.ACT_IDENTITY, slope, common.MODE_XHAT_FROM_Y,
                              codecs.cpu_array(out)) == 0
     assert not out.any()
+
+
+def _packing_steps(pack):
+    """A compiled ``(values, words)``: per row of 32 float32 ``values``, ``words[i]`` = the
+    bfloat16 of ``values[i]`` (low half) and of ``values[16 + i]`` (high half), packed by
+    ``pack`` (``pairs._pack``: the pairs loops' packing, or ``pairs._rounded_pack``: its integer
+    rounding alone, which hosts with AVX512-BF16 use only for steps with NaN or subnormal
+    lanes)."""
+    from llvmlite import ir
+
+    @intrinsic
+    def packed_words(typingctx, values, words):
+        def codegen(context, builder, signature, args):
+            source, target = (context.make_array(kind)(context, builder, value)
+                              for kind, value in zip(signature.args, args))
+            vectors = builder.bitcast(source.data, pairs._FLOATS.as_pointer())
+            first, second = (builder.load(builder.gep(vectors, [ir.Constant(ir.IntType(64), k)]),
+                                          align=4) for k in (0, 1))
+            builder.store(pack(builder, first, second),
+                          builder.bitcast(target.data, pairs._WORDS.as_pointer()), align=4)
+            return context.get_dummy_value()
+        return numba.types.none(values, words), codegen
+
+    @numba.njit
+    def steps(values, words):
+        for row in range(values.shape[0]):
+            packed_words(values[row], words[row])
+    return steps
+
+
+@pytest.mark.parametrize("pack", ["_pack", "_rounded_pack"])
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_bfloat16_pairs_packing_rounds_every_class_of_float32_as_torch(pack, shuffled):
+    """The pairs loops' packing of float32 results (the hardware conversion where the host has
+    AVX512-BF16 and no lane of a step is NaN or subnormal, else the integer rounding; and the
+    integer rounding alone, on every host) equals torch's float32 -> bfloat16 conversion bit for
+    bit (NaN as ``0x7FC0``): every top half (sign, exponent, high mantissa: zeros, subnormals,
+    normals, infinities, NaNs) with low halves below, at and above the rounding's tie, ties at
+    odd and even bfloat16 values. In order, a step's lanes are of one class; shuffled, most
+    steps mix a NaN or subnormal with normal values, which must send the whole step to the
+    integer rounding."""
+    top = torch.arange(2 ** 16, dtype=torch.int64) << 16
+    bits = (top[:, None] | torch.tensor([0x0000, 0x0001, 0x7FFF, 0x8000, 0x8001, 0xFFFF])).ravel()
+    if shuffled:
+        bits = bits[torch.randperm(bits.numel(), generator=torch.Generator().manual_seed(2))]
+    values = bits.to(torch.int32).view(torch.float32).view(-1, 32)
+    words = np.empty((values.shape[0], 16), np.uint32)
+    _packing_steps(getattr(pairs, pack))(values.numpy(), words)
+    got = torch.from_numpy(words.view(np.int32)).view(torch.int16).view(torch.bfloat16)
+    halves = values.view(-1, 2, 16).transpose(1, 2).reshape(-1, 32)  # words' element order
+    expected = halves.to(torch.bfloat16)
+    _assert_same_values(got.reshape(-1, 32), expected)
+    assert (_bits(got)[got.isnan()] == 0x7FC0).all()
 
 
 @pytest.mark.parametrize("dtype", HALF)

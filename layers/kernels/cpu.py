@@ -64,21 +64,21 @@ import sys
 import threading
 
 import numba
-import numba.core.codegen
 import numpy as np
 import torch
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
-from . import caching, codecs, common, pairs, per_channel, step_vector_dtype
+from . import caching, codecs, common, pairs, per_channel, step_vector_dtype, target
 from .compose import compose_moments_forward
 from .common import ACT_ELU, ACT_IDENTITY, ACT_LEAKY_RELU, MODE_XHAT_FROM_X, MODE_XHAT_FROM_Y, \
     MODE_Y
 
 #: Source files besides this one whose code the kernels compile: their on-disk cache is keyed
 #: on them too (tests check that every compiled function comes from this file or these).
-DEPENDENCIES = (common.__file__, codecs.__file__, pairs.__file__, per_channel.__file__)
+DEPENDENCIES = (common.__file__, codecs.__file__, pairs.__file__, per_channel.__file__,
+                target.__file__)
 
 #: Element reads and writes: 16-bit data converts to float32 in registers (:mod:`.codecs`).
 load, store, compute_empty = codecs.compiled_for_cpu()
@@ -212,18 +212,8 @@ def _array_at_overload(address, shape, element):
 _LANES = 16
 
 
-def _compiles_for_avx512():
-    """Whether numba compiles for a CPU with AVX-512: the features its code generator targets
-    (``NUMBA_CPU_FEATURES``, else the host's as numba reads them, ``NUMBA_ENABLE_AVX=0`` and
-    hosts whose features LLVM cannot read included)."""
-    features = numba.config.CPU_FEATURES
-    if features is None:
-        features = numba.core.codegen.get_host_cpu_features()
-    return "+avx512f" in features.split(",")
-
-
 #: Whether the 16-bit element-wise row loops split at :data:`_LANES` (:func:`_split_at_lanes`).
-_SPLITS_ROWS = _compiles_for_avx512()
+_SPLITS_ROWS = target.compiles_for("avx512f")
 #: Whether the element-wise loops of the forward and of the backward's input gradient run
 #: bfloat16 rows as pairs of elements per 32-bit word, without shuffles (:mod:`.pairs`). Measured
 #: on an AMD Zen 5 host (AVX-512, 2 threads, 2026-11-28; ``bench_kernels`` on bfloat16, two runs
