@@ -231,12 +231,22 @@ def test_16_bit_element_wise_kernels_round_every_element_as_torch_for_every_row_
         _assert_same_values(grad, (dy * k0 + v * k1 + k2).to(dtype))
 
 
-def _run_pairs_rows(src, dst, a, b, act, slope):
-    """:func:`layers.kernels.pairs.scale_shift_act_row` over the rows of 2-D arrays; returns on
-    how many it ran."""
+@numba.njit
+def _elements_ahead(rows, j, prefetch):
+    """The ``ahead`` of the pairs loops at row ``j`` of the 2-D ``rows``: the distance to the
+    next row, as the kernels prefetch the next block's rows (past the last row, where a
+    prefetch finds no data and must not fault), or 0 (``prefetch`` False: none)."""
+    return rows.shape[1] if prefetch else 0
+
+
+def _run_pairs_rows(src, dst, a, b, act, slope, prefetch=False):
+    """:func:`layers.kernels.pairs.scale_shift_act_row` over the rows of 2-D arrays
+    (prefetching the next as it goes, or not: :func:`_elements_ahead`); returns on how many it
+    ran."""
     ran = 0
     for j in range(src.shape[0]):
-        ran += pairs.scale_shift_act_row(src[j], dst[j], a, b, act, slope)
+        ran += pairs.scale_shift_act_row(src[j], dst[j], a, b, act, slope,
+                                         _elements_ahead(src, j, prefetch))
     return ran
 
 
@@ -280,13 +290,15 @@ def test_bfloat16_pairs_rows_round_every_pattern_as_torch(length, act, slope):
         y = rows.float() * torch.tensor(a) + torch.tensor(b)
         expected = (torch.where(y >= 0, y, y * torch.tensor(slope)) if act == "leaky_relu"
                     else y).to(torch.bfloat16)
-        out, in_place = torch.empty_like(rows), rows.clone()
-        assert _pairs_rows(codecs.cpu_array(rows), codecs.cpu_array(out), a, b, code,
-                           slope) == rows.shape[0]
-        _pairs_rows(codecs.cpu_array(in_place), codecs.cpu_array(in_place), a, b, code, slope)
-        for got in (out, in_place):
-            _assert_same_values(got, expected)
-            assert (_bits(got)[got.isnan()] == 0x7FC0).all()
+        for prefetch in (False, True):
+            out, in_place = torch.empty_like(rows), rows.clone()
+            assert _pairs_rows(codecs.cpu_array(rows), codecs.cpu_array(out), a, b, code, slope,
+                               prefetch) == rows.shape[0]
+            _pairs_rows(codecs.cpu_array(in_place), codecs.cpu_array(in_place), a, b, code,
+                        slope, prefetch)
+            for got in (out, in_place):
+                _assert_same_values(got, expected)
+                assert (_bits(got)[got.isnan()] == 0x7FC0).all()
 
 
 @pytest.mark.parametrize("length", [32, 45, 1000])
@@ -305,14 +317,15 @@ def test_bfloat16_pairs_rows_contract_as_the_scalar_loop(length):
     assert torch.equal(_bits(got), _bits(expected))
 
 
-def _run_pairs_input_rows(z, dz, x, coef, act, slope, mode, out):
+def _run_pairs_input_rows(z, dz, x, coef, act, slope, mode, out, prefetch=False):
     """:func:`layers.kernels.pairs.input_gradient_row` over the rows of 2-D arrays, with
-    ``coef`` the five scalars ``p, q, k0, k1, k2``; returns on how many rows it ran."""
+    ``coef`` the five scalars ``p, q, k0, k1, k2`` (prefetching the next rows as it goes, or
+    not: :func:`_elements_ahead`); returns on how many rows it ran."""
     p, q, k0, k1, k2 = coef
     ran = 0
     for j in range(z.shape[0]):
         ran += pairs.input_gradient_row(z[j], dz[j], x[j], p, q, k0, k1, k2, act, slope, mode,
-                                        out[j])
+                                        out[j], _elements_ahead(z, j, prefetch))
     return ran
 
 
@@ -367,15 +380,16 @@ def test_bfloat16_pairs_input_gradient_rows_round_every_pattern_as_torch(length,
         u = x.float() if from_x else (torch.where(zf > 0, zf, zf / torch.tensor(slope))
                                       if leaky else zf)
         expected = (dy * k0 + (u * p + q) * k1 + k2).to(torch.bfloat16)
-        out, in_place = torch.empty_like(z), dz.clone()
         arrays = [codecs.cpu_array(t) for t in (z, dz, x)]
-        assert _pairs_input_rows(*arrays, coef, code, slope, mode,
-                                 codecs.cpu_array(out)) == z.shape[0]
-        _pairs_input_rows(arrays[0], codecs.cpu_array(in_place), arrays[2], coef, code, slope,
-                          mode, codecs.cpu_array(in_place))
-        for got in (out, in_place):
-            _assert_same_values(got, expected)
-            assert (_bits(got)[got.isnan()] == 0x7FC0).all()
+        for prefetch in (False, True):
+            out, in_place = torch.empty_like(z), dz.clone()
+            assert _pairs_input_rows(*arrays, coef, code, slope, mode, codecs.cpu_array(out),
+                                     prefetch) == z.shape[0]
+            _pairs_input_rows(arrays[0], codecs.cpu_array(in_place), arrays[2], coef, code,
+                              slope, mode, codecs.cpu_array(in_place), prefetch)
+            for got in (out, in_place):
+                _assert_same_values(got, expected)
+                assert (_bits(got)[got.isnan()] == 0x7FC0).all()
 
 
 @pytest.mark.parametrize("from_x", [False, True], ids=["from_y", "from_x"])

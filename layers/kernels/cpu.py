@@ -66,8 +66,7 @@ import threading
 import numba
 import numpy as np
 import torch
-from llvmlite import ir
-from numba.core import cgutils, types
+from numba.core import types
 from numba.extending import intrinsic, overload
 
 from . import caching, codecs, common, pairs, per_channel, step_vector_dtype, target
@@ -367,43 +366,46 @@ def _next_row(i, j, c):
     return (i, j + 1) if j + 1 < c else (i + 1, 0)
 
 
-#: Bytes of a cache line: the step between the addresses :func:`_prefetch_rows` hands the CPU.
+#: Bytes of a cache line: the step between the addresses :func:`_prefetch_row` hands the CPU.
 _CACHE_LINE_BYTES = 64
 
 
 @intrinsic
 def _prefetch(typingctx, row, index):
     """Ask the CPU to bring the cache line holding ``row[index]`` (a 1-D array) into its L2
-    cache (LLVM's ``llvm.prefetch`` for a read with moderate locality: x86's ``prefetcht1``).
-    A hint: it reads nothing into the program, never faults, and changes no result."""
+    cache (:func:`.target.emit_prefetch`). A hint: it never faults and changes no result."""
     if not (isinstance(row, types.Array) and row.ndim == 1 and isinstance(index, types.Integer)):
         return None
 
     def codegen(context, builder, signature, args):
         array = context.make_array(signature.args[0])(context, builder, args[0])
         position = context.cast(builder, args[1], signature.args[1], types.intp)
-        byte_pointer = ir.IntType(8).as_pointer()
-        address = builder.bitcast(builder.gep(array.data, [position]), byte_pointer)
-        word = ir.IntType(32)
-        hint = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [byte_pointer, word, word, word]),
-            "llvm.prefetch.p0")
-        # read (0), locality 2 of 0-3 (the L2 cache), data cache (1)
-        builder.call(hint, [address, ir.Constant(word, 0), ir.Constant(word, 2),
-                            ir.Constant(word, 1)])
+        target.emit_prefetch(builder, builder.gep(array.data, [position]))
         return context.get_dummy_value()
     return types.none(row, index), codegen
 
 
 @_jit_scalar
-def _prefetch_rows(x, i, first, last):
-    """:func:`_prefetch` every cache line of the rows ``x[i, first:last]`` of an ``(N, C, S)``
-    view (none when ``last <= first``)."""
-    step = max(1, _CACHE_LINE_BYTES // x.itemsize)
-    for j in range(first, last):
-        row = x[i, j]
+def _elements_ahead(x, j, ahead):
+    """Elements from a row of channel ``j`` of the ``(N, C, S)`` view ``x`` to the row that a
+    whole step prefetches while it computes it: the same batch item's row ``ahead`` channels
+    on (the next block, :func:`_prefetch_ahead`), or 0 (none) where ``ahead`` is 0 or that
+    channel does not exist. The row loops take this distance (:func:`_forward_row`,
+    :func:`_input_row`), not a view of the row: a view per row costs its reference counting,
+    which took a quarter of the fused forward's time on 7x7 maps."""
+    if ahead > 0 and j + ahead < x.shape[1]:
+        return ahead * (x.strides[1] // x.itemsize)
+    return 0
+
+
+@_jit_scalar
+def _prefetch_row_ahead(row, ahead):
+    """:func:`_prefetch` every cache line of the elements ``ahead`` after those of the 1-D
+    contiguous ``row`` (none where ``ahead`` is 0)."""
+    if ahead != 0:
+        step = max(1, _CACHE_LINE_BYTES // row.itemsize)
         for t in range(0, row.size, step):
-            _prefetch(row, t)
+            _prefetch(row, t + ahead)
 
 
 @caching.jit(numba.njit, DEPENDENCIES)
@@ -508,8 +510,11 @@ def _forward_span(src, dst, start, stop, a, b, act, slope):
 
 
 @_jit_scalar
-def _forward_row(src, dst, a, b, act, slope):
-    if _PAIRS_ROWS and pairs.scale_shift_act_row(src, dst, a, b, act, slope):
+def _forward_row(src, dst, a, b, act, slope, ahead):
+    """``dst = act(src * a + b)`` over a row; prefetches the elements ``ahead`` after the row's
+    (0: none; see :func:`_elements_ahead`) as it goes where the pairs loop runs, else after the
+    row."""
+    if _PAIRS_ROWS and pairs.scale_shift_act_row(src, dst, a, b, act, slope, ahead):
         return
     if _SPLITS_ROWS and _split_at_lanes(src):
         head = src.size - src.size % _LANES
@@ -517,6 +522,7 @@ def _forward_row(src, dst, a, b, act, slope):
         _forward_span(src, dst, head, src.size, a, b, act, slope)
     else:
         _forward_span(src, dst, 0, src.size, a, b, act, slope)
+    _prefetch_row_ahead(src, ahead)
 
 
 @_jit_scalar
@@ -573,9 +579,13 @@ def _input_span(z, dz, x, start, stop, p, q, k0, k1, k2, act, slope, floor, mode
 
 
 @_jit_scalar
-def _input_row(z, dz, x, p, q, k0, k1, k2, act, slope, floor, mode, out):
+def _input_row(z, dz, x, p, q, k0, k1, k2, act, slope, floor, mode, out, ahead):
+    """The input gradient over a row into ``out``; prefetches the elements ``ahead`` after
+    ``z``'s and ``dz``'s (and ``x``'s in ``MODE_XHAT_FROM_X``, the one mode that reads ``x``;
+    0: none; see :func:`_elements_ahead`) as it goes where the pairs loop runs, else after the
+    row."""
     if _PAIRS_ROWS and pairs.input_gradient_row(z, dz, x, p, q, k0, k1, k2, act, slope, mode,
-                                                out):
+                                                out, ahead):
         return
     if _SPLITS_ROWS and _split_at_lanes(z):
         head = z.size - z.size % _LANES
@@ -583,6 +593,10 @@ def _input_row(z, dz, x, p, q, k0, k1, k2, act, slope, floor, mode, out):
         _input_span(z, dz, x, head, z.size, p, q, k0, k1, k2, act, slope, floor, mode, out)
     else:
         _input_span(z, dz, x, 0, z.size, p, q, k0, k1, k2, act, slope, floor, mode, out)
+    _prefetch_row_ahead(z, ahead)
+    _prefetch_row_ahead(dz, ahead)
+    if mode == MODE_XHAT_FROM_X:
+        _prefetch_row_ahead(x, ahead)
 
 
 @_jit_scalar
@@ -606,11 +620,13 @@ def _moments_normalize_ncs(x, gamma, beta, eps, act, slope, coef, block, ahead):
     the output in place while the block is in cache. Returns the (2, C) ``[mean, M2]``;
     ``coef`` (a (2, C) array of the compute dtype) receives each channel's scale and shift.
 
-    While it writes a block's output, batch item by batch item, it prefetches the same batch
-    item's rows of the ``ahead`` channels after the block (``0``: none; see
-    :func:`_prefetch_ahead`): the next block, which the same thread runs next (numba hands
-    each thread one range of consecutive blocks), so its statistics read from cache while the
-    memory was kept busy during this block's arithmetic.
+    While it writes a block's output it prefetches, with each row, the same batch item's row
+    ``ahead`` channels on (``0``: none; see :func:`_prefetch_ahead`, :func:`_elements_ahead`):
+    the next block, which the same thread runs next (numba hands each thread one range of
+    consecutive blocks), so its statistics read from cache while the memory was kept busy
+    during this block's arithmetic. The bfloat16 pairs loops prefetch one cache line per
+    step, spread over the row's arithmetic; the other loops prefetch the row's lines after
+    it.
 
     Each channel's sums are taken in the same order whatever ``block`` is (four of its rows at
     a time, :func:`_shifted_four_row_sums`, in the order of the batch), so the result does not
@@ -645,12 +661,11 @@ def _moments_normalize_ncs(x, gamma, beta, eps, act, slope, coef, block, ahead):
             scale = gamma[j] / np.sqrt(m2 / (n * s) + eps)
             coef[0, j] = scale  # through coef, a and b take the compute dtype
             coef[1, j] = beta[j] - mean * scale
-        following = min(last + ahead, c)
         for i in range(n):
             for j in range(first, last):
                 row = x[i, j]
-                _forward_row(row, row, coef[0, j], coef[1, j], act, slope)
-            _prefetch_rows(x, i, last, following)
+                _forward_row(row, row, coef[0, j], coef[1, j], act, slope,
+                             _elements_ahead(x, j, ahead))
     return result
 
 
@@ -680,7 +695,7 @@ def _input_ncs(z, dz, x, p, q, coef, act, slope, floor, mode, chunks):
         for _ in range(start, stop):
             grad = dz[i, j]
             _input_row(z[i, j], grad, x[i, j], p[j], q[j], coef[0, j], coef[1, j], coef[2, j],
-                       act, slope, floor, mode, grad)
+                       act, slope, floor, mode, grad, 0)
             i, j = _next_row(i, j, c)
 
 
@@ -703,7 +718,7 @@ def _forward_ncs(act):
         for blk in numba.prange(chunks):
             start, stop, i, j = _chunk_rows(blk, chunks, n, c)
             for _ in range(start, stop):
-                _forward_row(x[i, j], dst[i, j], a[j], b[j], act, slope)
+                _forward_row(x[i, j], dst[i, j], a[j], b[j], act, slope, 0)
                 i, j = _next_row(i, j, c)
     return kernel
 
@@ -842,7 +857,12 @@ def _channel_block(shape, element_size, tensors, threads):
 #: (32, 256, 56, 56) and (32, 128, 56, 56), the backward 0.87-0.91 at (32, 512, 28, 28)
 #: (0.91-1.03 at the other two); with rows of 7x7 and 14x14 maps, or
 #: on tensors of 6 MiB and less, which the caches hold, the extra loop cost 3-15%. On float32
-#: (passes bound by memory, not by arithmetic: nothing to overlap) it cost up to 9%.
+#: (passes bound by memory, not by arithmetic: nothing to overlap) it cost up to 9%. Those runs
+#: prefetched a batch item's rows of the next block after its rows of this one; with the
+#: prefetches spread over the rows' arithmetic since (:func:`_elements_ahead`), float32 still
+#: gained nothing (the training forward at (32, 512, 28, 28) and (32, 256, 56, 56) with
+#: prefetching, two blocks allowed to fill the L2 cache: 0.94-1.05 and 0.99-1.09 of its time
+#: without, two runs each, alternating).
 _PREFETCH_MIN_ROW_BYTES = 1024
 _PREFETCH_MIN_BYTES = 16 * 2 ** 20
 
@@ -1229,8 +1249,8 @@ def _backward_step_ncs(act, mode):
         and contraction, so it may differ from :func:`_backward_input_ncs` in the last bit).
         Each channel's sums run over its rows in the order of the batch, as in
         :func:`_reduce_ncs`, whatever ``block`` is. While it writes a block's input gradient
-        it prefetches the rows of the ``ahead`` channels after it, as
-        :func:`_moments_normalize_ncs` does. ``z``, ``dz`` and ``x`` arrive as addresses
+        it prefetches, with each row, the rows ``ahead`` channels on of ``z``, ``dz`` and (in
+        ``MODE_XHAT_FROM_X``) ``x``, as :func:`_moments_normalize_ncs` does. ``z``, ``dz`` and ``x`` arrive as addresses
         (:func:`_address`) of arrays of ``shape`` with elements of ``element``'s type, ``state``
         as an address of its (6, C) float64 values."""
         n, c, _ = shape
@@ -1254,16 +1274,12 @@ def _backward_step_ncs(act, mode):
             _channel_gradients(state, sums, training, variant_y, coef, dweight, dbias, first,
                                last)
             if coef is not None:
-                following = min(last + ahead, c)
                 for i in range(n):
                     for j in range(first, last):
                         grad = dz[i, j]
                         _input_row(z[i, j], grad, x[i, j], pq[0, j], pq[1, j], coef[0, j],
-                                   coef[1, j], coef[2, j], act, slope, floor, mode, grad)
-                    _prefetch_rows(z, i, last, following)
-                    _prefetch_rows(dz, i, last, following)
-                    if from_x:
-                        _prefetch_rows(x, i, last, following)
+                                   coef[1, j], coef[2, j], act, slope, floor, mode, grad,
+                                   _elements_ahead(z, j, ahead))
     return kernel
 
 

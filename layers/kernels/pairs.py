@@ -28,7 +28,7 @@ from numba.extending import intrinsic, overload
 
 from .codecs import constant, rounded_bfloat16_word
 from .common import ACT_IDENTITY, ACT_LEAKY_RELU, MODE_XHAT_FROM_X
-from .target import compiles_for
+from .target import compiles_for, emit_prefetch
 
 #: Elements per vector step: sixteen 32-bit words of two bfloat16 each (one AVX-512 register).
 STEP = 32
@@ -147,12 +147,21 @@ def _row_pointer(builder, row, index):
     return builder.bitcast(builder.gep(row, [index]), _ELEMENTS.as_pointer())
 
 
-def _emit_row(builder, size, sources, destination, element_values):
+def _emit_row(builder, size, sources, destination, element_values, prefetched, ahead):
     """Code of one row: for each step of 32 elements, the words of ``sources`` (LLVM pointers to
     rows of ``size`` bfloat16 elements) unpacked, ``element_values(builder, values)`` (one
     float32 vector per source, in their order; the result's float32 vector) for the first and
     for the second element of each word, packed and stored at ``destination``, which may be
     one of the sources (in place).
+
+    Prefetching (:func:`.target.emit_prefetch`): where ``ahead`` (an i64) is not 0, every step
+    but the last two prefetches, for each ``(pointer, wanted)`` of ``prefetched`` (``pointer``
+    one of ``sources``; ``wanted`` an i1, or None for always), the cache line ``ahead``
+    elements after the step's first element there (a step is 64 bytes, one line): with
+    ``ahead`` the distance to the rows a kernel computes next, the memory reads them while the
+    core computes this row. The lines the last two steps would give are read on
+    demand later. Prefetching changes no result, and an address outside the data does not
+    fault.
 
     The steps start at every multiple of 32 below ``size - 32``, and one more step covers the
     row's last 32 elements (``size`` is at least :data:`STEP`); it overlaps the step before it,
@@ -173,15 +182,30 @@ def _emit_row(builder, size, sources, destination, element_values):
         builder.store(builder.bitcast(words, _ELEMENTS), _row_pointer(builder, destination, index),
                       align=2)
 
+    def steps(count, prefetches):
+        with cgutils.for_range(builder, count) as loop:
+            index = builder.mul(loop.index, step)
+            if prefetches:
+                for pointer, wanted in prefetched:
+                    address = builder.gep(pointer, [builder.add(index, ahead)])
+                    if wanted is None:
+                        emit_prefetch(builder, address)
+                    else:
+                        with builder.if_then(wanted):
+                            emit_prefetch(builder, address)
+            store(compute(index), index)
+
     step, zero = ir.Constant(_I64, STEP), ir.Constant(_I64, 0)
     last = builder.sub(size, step)
     # steps before the last one: ceil(last / STEP); all but the final one in the loop
     before_last = builder.udiv(builder.add(last, ir.Constant(_I64, STEP - 1)), step)
     looped = builder.select(builder.icmp_unsigned(">", before_last, zero),
                             builder.sub(before_last, ir.Constant(_I64, 1)), zero)
-    with cgutils.for_range(builder, looped) as loop:
-        index = builder.mul(loop.index, step)
-        store(compute(index), index)
+    with builder.if_else(builder.icmp_signed("!=", ahead, zero)) as (with_prefetches, without):
+        with with_prefetches:
+            steps(looped, True)
+        with without:
+            steps(looped, False)
     final = builder.mul(looped, step)  # 0 = last where the row is one step long: stored twice
     final_words, last_words = compute(final), compute(last)
     store(final_words, final)
@@ -195,13 +219,16 @@ def _is_row(kind):
 
 def _arguments(context, builder, signature, args):
     """Each argument as codegen uses it: a row as the pointer to its data (and its size, in
-    ``sizes``), a boolean as an i1, any other scalar as a float32 vector with it in every lane."""
+    ``sizes``), a boolean as an i1, an integer as an i64, a float as a float32 vector with it
+    in every lane."""
     values, sizes = [], []
     for value, kind in zip(args, signature.args):
         if _is_row(kind):
             array = context.make_array(kind)(context, builder, value)
             values.append(array.data)
             sizes.append(builder.extract_value(array.shape, 0))
+        elif isinstance(kind, types.Integer):
+            values.append(context.cast(builder, value, kind, types.int64))
         elif isinstance(kind, types.Boolean):
             values.append(value)
         else:
@@ -210,15 +237,15 @@ def _arguments(context, builder, signature, args):
 
 
 @intrinsic
-def _scale_shift_act_row(typingctx, src, dst, a, b, leaky, slope):
+def _scale_shift_act_row(typingctx, src, dst, a, b, leaky, slope, ahead):
     """``dst = act(src * a + b)`` (:func:`scale_shift_act_row`); ``leaky``: leaky ReLU, else
     identity."""
-    if not (_is_row(src) and _is_row(dst)):
+    if not (_is_row(src) and _is_row(dst) and isinstance(ahead, types.Integer)):
         return None
 
     def codegen(context, builder, signature, args):
-        (src_row, dst_row, a_lanes, b_lanes, is_leaky, slope_lanes), (size, _) = _arguments(
-            context, builder, signature, args)
+        (src_row, dst_row, a_lanes, b_lanes, is_leaky, slope_lanes, ahead), (size, _) = \
+            _arguments(context, builder, signature, args)
 
         def element_values(builder, values):
             # act_forward: identity, or y if y >= 0 else y * slope
@@ -226,23 +253,25 @@ def _scale_shift_act_row(typingctx, src, dst, a, b, leaky, slope):
             leaky = builder.select(builder.fcmp_ordered(">=", y, constant(_FLOATS, 0.0)), y,
                                    builder.fmul(y, slope_lanes))
             return builder.select(is_leaky, leaky, y)
-        _emit_row(builder, size, [src_row], dst_row, element_values)
+        _emit_row(builder, size, [src_row], dst_row, element_values, [(src_row, None)], ahead)
         return context.get_dummy_value()
-    return types.none(src, dst, a, b, leaky, slope), codegen
+    return types.none(src, dst, a, b, leaky, slope, ahead), codegen
 
 
 @intrinsic
-def _input_gradient_row(typingctx, z, dz, x, p, q, k0, k1, k2, leaky, from_x, slope, out):
+def _input_gradient_row(typingctx, z, dz, x, p, q, k0, k1, k2, leaky, from_x, slope, out,
+                        ahead):
     """``out = dy * k0 + v * k1 + k2`` (:func:`input_gradient_row`); ``leaky``: leaky ReLU, else
     identity; ``from_x``: ``v = x * p + q``, else ``v = act^-1(z) * p + q``. Where ``from_x`` is
-    a constant, LLVM drops the loads and arithmetic of the other case."""
-    if not all(_is_row(row) for row in (z, dz, x, out)):
+    a constant, LLVM drops the loads and arithmetic of the other case, and the prefetches of
+    ``x`` (``from_x``) or the test for them (the other modes)."""
+    if not (all(_is_row(row) for row in (z, dz, x, out)) and isinstance(ahead, types.Integer)):
         return None
 
     def codegen(context, builder, signature, args):
         values, sizes = _arguments(context, builder, signature, args)
         z_row, dz_row, x_row, p_lanes, q_lanes, k0_lanes, k1_lanes, k2_lanes, is_leaky, \
-            is_from_x, slope_lanes, out_row = values
+            is_from_x, slope_lanes, out_row, ahead = values
 
         def element_values(builder, values):
             zt, dzt, xt = values
@@ -255,9 +284,10 @@ def _input_gradient_row(typingctx, z, dz, x, p, q, k0, k1, k2, leaky, from_x, sl
             v = builder.fadd(builder.fmul(builder.select(is_from_x, xt, y), p_lanes), q_lanes)
             return builder.fadd(builder.fadd(builder.fmul(dy, k0_lanes),
                                              builder.fmul(v, k1_lanes)), k2_lanes)
-        _emit_row(builder, sizes[0], [z_row, dz_row, x_row], out_row, element_values)
+        _emit_row(builder, sizes[0], [z_row, dz_row, x_row], out_row, element_values,
+                  [(z_row, None), (dz_row, None), (x_row, is_from_x)], ahead)
         return context.get_dummy_value()
-    return types.none(z, dz, x, p, q, k0, k1, k2, leaky, from_x, slope, out), codegen
+    return types.none(z, dz, x, p, q, k0, k1, k2, leaky, from_x, slope, out, ahead), codegen
 
 
 @numba.njit(inline="always")
@@ -266,12 +296,13 @@ def _has_vector_body(act):
     return act == ACT_IDENTITY or act == ACT_LEAKY_RELU
 
 
-def scale_shift_act_row(src, dst, a, b, act, slope):
+def scale_shift_act_row(src, dst, a, b, act, slope, ahead):
     """``dst[t] = act(src[t] * a + b)`` over two 1-D rows of the same length, the same row (in
     place) or rows that do not overlap, where this module has a vector body for them: bfloat16
     bits (``uint16``) of at least :data:`STEP` elements, identity or leaky ReLU (``slope``),
-    float32 scalars. Returns whether it ran; it writes nothing where it returns False. Compiled
-    code only."""
+    float32 scalars. ``ahead``: an integer; where not 0, it prefetches the elements ``ahead``
+    after ``src``'s as it goes (see :func:`_emit_row`). Returns whether it ran; it writes
+    nothing and prefetches nothing where it returns False. Compiled code only."""
 
 
 def _float32_scalars(*kinds):
@@ -282,38 +313,41 @@ def _float32_scalars(*kinds):
 
 
 @overload(scale_shift_act_row, inline="always")
-def _scale_shift_act_row_overload(src, dst, a, b, act, slope):
+def _scale_shift_act_row_overload(src, dst, a, b, act, slope, ahead):
     if not (_is_row(src) and _is_row(dst) and _float32_scalars(a, b, slope)):
-        return lambda src, dst, a, b, act, slope: False
+        return lambda src, dst, a, b, act, slope, ahead: False
 
-    def implementation(src, dst, a, b, act, slope):
+    def implementation(src, dst, a, b, act, slope, ahead):
         if src.size < STEP or not _has_vector_body(act):
             return False
-        _scale_shift_act_row(src, dst, a, b, act == ACT_LEAKY_RELU, slope)
+        _scale_shift_act_row(src, dst, a, b, act == ACT_LEAKY_RELU, slope, ahead)
         return True
     return implementation
 
 
-def input_gradient_row(z, dz, x, p, q, k0, k1, k2, act, slope, mode, out):
+def input_gradient_row(z, dz, x, p, q, k0, k1, k2, act, slope, mode, out, ahead):
     """The backward's input gradient over 1-D rows of the same length, as the CPU kernels'
     scalar loop computes it: ``out[t] = dy * k0 + v * k1 + k2`` with ``dy = act_grad(z, dz)``
     and ``v = u * p + q``, ``u`` the stored input ``x`` (``MODE_XHAT_FROM_X``) or
     ``act^-1(z)`` (the other modes). ``out`` is ``dz`` (in place) or a row that overlaps none
     of the others. Runs where this module has a vector body: bfloat16 rows (``uint16``) of at
-    least :data:`STEP` elements, identity or leaky ReLU (``slope``), float32 scalars. Returns
-    whether it ran; it writes nothing where it returns False. Compiled code only."""
+    least :data:`STEP` elements, identity or leaky ReLU (``slope``), float32 scalars.
+    ``ahead``: where not 0, it prefetches the elements ``ahead`` after ``z``'s and ``dz``'s (and
+    ``x``'s, in ``MODE_XHAT_FROM_X``, the one mode that reads ``x``) as it goes.
+    Returns whether it ran; it writes nothing and prefetches nothing where it returns False.
+    Compiled code only."""
 
 
 @overload(input_gradient_row, inline="always")
-def _input_gradient_row_overload(z, dz, x, p, q, k0, k1, k2, act, slope, mode, out):
+def _input_gradient_row_overload(z, dz, x, p, q, k0, k1, k2, act, slope, mode, out, ahead):
     if not (all(_is_row(row) for row in (z, dz, x, out))
             and _float32_scalars(p, q, k0, k1, k2, slope)):
-        return lambda z, dz, x, p, q, k0, k1, k2, act, slope, mode, out: False
+        return lambda z, dz, x, p, q, k0, k1, k2, act, slope, mode, out, ahead: False
 
-    def implementation(z, dz, x, p, q, k0, k1, k2, act, slope, mode, out):
+    def implementation(z, dz, x, p, q, k0, k1, k2, act, slope, mode, out, ahead):
         if z.size < STEP or not _has_vector_body(act):
             return False
         _input_gradient_row(z, dz, x, p, q, k0, k1, k2, act == ACT_LEAKY_RELU,
-                            mode == MODE_XHAT_FROM_X, slope, out)
+                            mode == MODE_XHAT_FROM_X, slope, out, ahead)
         return True
     return implementation
