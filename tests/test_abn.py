@@ -628,9 +628,11 @@ def test_l2_cache_size_is_read_from_the_cache_listing(tmp_path):
     ((32, 256, 3136), torch.bfloat16, 1, 512 * 2 ** 10, 0),  # not in half of 512 KiB
     ((32, 256, 3136), torch.bfloat16, 1, 0, 0),  # L2 size unknown
     ((32, 256, 3136), torch.float32, 1, 4 * 2 ** 20, 0),  # float32: bound by memory
-    ((32, 2048, 49), torch.bfloat16, 1, 2 ** 20, 0),  # rows of 98 bytes
-    ((32, 1024, 196), torch.bfloat16, 1, 2 ** 20, 0),  # rows of 392 bytes
-    ((256, 1024, 196), torch.bfloat16, 1, 2 ** 20, 0),  # the same rows in 98 MiB
+    ((128, 2048, 49), torch.bfloat16, 1, 2 ** 20, 0),  # rows of 98 bytes, in 24.5 MiB
+    ((32, 1024, 196), torch.bfloat16, 1, 2 ** 20, "block"),  # rows of 392 bytes, 12 MiB
+    ((256, 1024, 196), torch.bfloat16, 1, 2 ** 20, "block"),  # the same rows in 98 MiB
+    ((16, 1024, 196), torch.bfloat16, 1, 2 ** 20, 0),  # 6 MiB: held by the caches
+    ((16, 1024, 196), torch.bfloat16, 2, 2 ** 20, "block"),  # 6 MiB, read twice
     ((8, 64, 3136), torch.bfloat16, 1, 2 ** 20, 0),  # 3 MiB: held by the caches
     ((32, 64, 3136), torch.float16, 2, 2 * 2 ** 20, "block"),  # 12 MiB, read twice
 ], ids=str)

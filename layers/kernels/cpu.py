@@ -862,9 +862,15 @@ def _channel_block(shape, element_size, tensors, threads):
 #: prefetches spread over the rows' arithmetic since (:func:`_elements_ahead`), float32 still
 #: gained nothing (the training forward at (32, 512, 28, 28) and (32, 256, 56, 56) with
 #: prefetching, two blocks allowed to fill the L2 cache: 0.94-1.05 and 0.99-1.09 of its time
-#: without, two runs each, alternating).
-_PREFETCH_MIN_ROW_BYTES = 1024
-_PREFETCH_MIN_BYTES = 16 * 2 ** 20
+#: without, two runs each, alternating). On 16-bit data it also pays on shorter rows and
+#: smaller tensors than before: with rows of at least 128 bytes and 4 MiB read, the
+#: training forward at (32, 1024, 14, 14) took 0.87-0.94 (bfloat16) and 0.82-0.88 (float16) of
+#: its time with rows of at least 1 KiB and 16 MiB, the forward + backward 0.74-0.81 and
+#: 0.72-0.75; at (32, 2048, 7, 7), whose rows the pairs loops cover in their two last steps
+#: (no prefetch), and on (8, 1024, 14, 14) (3 MiB), it gained nothing (0.96-1.12). Hence rows
+#: of at least 256 bytes (not 7x7 maps) and 8 MiB read (not tensors the caches hold).
+_PREFETCH_MIN_ROW_BYTES = 256
+_PREFETCH_MIN_BYTES = 8 * 2 ** 20
 
 
 #: Units of the cache sizes Linux lists (``1024K``).
