@@ -232,8 +232,8 @@ def test_16_bit_element_wise_kernels_round_every_element_as_torch_for_every_row_
 
 
 @numba.njit
-def _elements_ahead(rows, j, prefetch):
-    """The ``ahead`` of the pairs loops at row ``j`` of the 2-D ``rows``: the distance to the
+def _elements_ahead(rows, prefetch):
+    """The ``ahead`` of the pairs loops over the rows of the 2-D ``rows``: the distance to the
     next row, as the kernels prefetch the next block's rows (past the last row, where a
     prefetch finds no data and must not fault), or 0 (``prefetch`` False: none)."""
     return rows.shape[1] if prefetch else 0
@@ -246,7 +246,7 @@ def _run_pairs_rows(src, dst, a, b, act, slope, prefetch=False):
     ran = 0
     for j in range(src.shape[0]):
         ran += pairs.scale_shift_act_row(src[j], dst[j], a, b, act, slope,
-                                         _elements_ahead(src, j, prefetch))
+                                         _elements_ahead(src, prefetch))
     return ran
 
 
@@ -325,7 +325,7 @@ def _run_pairs_input_rows(z, dz, x, coef, act, slope, mode, out, prefetch=False)
     ran = 0
     for j in range(z.shape[0]):
         ran += pairs.input_gradient_row(z[j], dz[j], x[j], p, q, k0, k1, k2, act, slope, mode,
-                                        out[j], _elements_ahead(z, j, prefetch))
+                                        out[j], _elements_ahead(z, prefetch))
     return ran
 
 

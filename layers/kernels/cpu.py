@@ -366,7 +366,8 @@ def _next_row(i, j, c):
     return (i, j + 1) if j + 1 < c else (i + 1, 0)
 
 
-#: Bytes of a cache line: the step between the addresses :func:`_prefetch_row` hands the CPU.
+#: Bytes of a cache line: the step between the addresses :func:`_prefetch_row_ahead` hands the
+#: CPU.
 _CACHE_LINE_BYTES = 64
 
 
@@ -1256,9 +1257,10 @@ def _backward_step_ncs(act, mode):
         Each channel's sums run over its rows in the order of the batch, as in
         :func:`_reduce_ncs`, whatever ``block`` is. While it writes a block's input gradient
         it prefetches, with each row, the rows ``ahead`` channels on of ``z``, ``dz`` and (in
-        ``MODE_XHAT_FROM_X``) ``x``, as :func:`_moments_normalize_ncs` does. ``z``, ``dz`` and ``x`` arrive as addresses
-        (:func:`_address`) of arrays of ``shape`` with elements of ``element``'s type, ``state``
-        as an address of its (6, C) float64 values."""
+        ``MODE_XHAT_FROM_X``) ``x``, as :func:`_moments_normalize_ncs` does (all three of
+        ``shape``, so one distance, :func:`_elements_ahead`, serves them). ``z``, ``dz`` and
+        ``x`` arrive as addresses (:func:`_address`) of arrays of ``shape`` with elements of
+        ``element``'s type, ``state`` as an address of its (6, C) float64 values."""
         n, c, _ = shape
         z, dz, x = (_array_at(z, shape, element), _array_at(dz, shape, element),
                     _array_at(x, shape, element))

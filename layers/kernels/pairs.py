@@ -123,8 +123,9 @@ def _pack(builder, first, second):
     Where the code may use AVX512-BF16 (:data:`HARDWARE_ROUNDING`), by the hardware
     conversion, unless a lane of either vector is NaN or subnormal, which branch to the
     integer rounding; else by the integer rounding. Both give the same bits for every float32
-    value (checked on all 2 ** 32 once; the tests check all bfloat16 inputs and results on
-    either side of the subnormal boundary)."""
+    value (checked on all 2 ** 32 once; the tests check every top half with low halves around
+    the rounding's tie, with NaN and subnormal lanes alone in a step and mixed into steps of
+    normal ones)."""
     if not HARDWARE_ROUNDING:
         return _rounded_pack(builder, first, second)
     flags = builder.or_(_exceptional(builder, first), _exceptional(builder, second))
