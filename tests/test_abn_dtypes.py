@@ -413,8 +413,9 @@ def test_bfloat16_pairs_input_gradient_rows_contract_as_the_scalar_loop(from_x):
 
 
 def test_bfloat16_pairs_rows_leave_what_they_have_no_vector_body_for():
-    """Rows shorter than one step, ELU, other dtypes, and scalars other than float32: neither
-    the forward's nor the input gradient's rows run, and nothing is written."""
+    """Rows shorter than one step, ELU, other dtypes, strided rows, and scalars other than
+    float32: neither the forward's nor the input gradient's rows run, and nothing is
+    written."""
     from layers.kernels import common
 
     a, b, slope = np.float32(2.0), np.float32(1.0), np.float32(0.01)
@@ -431,6 +432,14 @@ def test_bfloat16_pairs_rows_leave_what_they_have_no_vector_body_for():
             assert _pairs_input_rows(*arrays, coef, act, slope, mode,
                                      codecs.cpu_array(out)) == 0
         assert not out.any()
+    # strided rows (every other element): the steps read consecutive elements
+    strided = codecs.cpu_array(torch.randn(3, 128).to(torch.bfloat16))[:, ::2]
+    out = torch.zeros(3, 128, dtype=torch.bfloat16)
+    assert _pairs_rows(strided, codecs.cpu_array(out)[:, ::2], a, b, common.ACT_IDENTITY,
+                       slope) == 0
+    assert _pairs_input_rows(strided, strided, strided, coef, common.ACT_IDENTITY, slope,
+                             common.MODE_XHAT_FROM_Y, codecs.cpu_array(out)[:, ::2]) == 0
+    assert not out.any()
     # float64 scalars, with which the scalar loops compute in float64
     rows = torch.randn(3, 64).to(torch.bfloat16)
     out = torch.zeros_like(rows)

@@ -242,6 +242,23 @@ def test_eager_call_bumps_the_version_of_what_it_mutates_as_the_operator_does():
     assert x._version == before
 
 
+def test_element_wise_operators_on_strided_bfloat16_views_compute_every_element():
+    """The element-wise operators on a bfloat16 ``(N, C, S)`` view whose rows skip every other
+    element: each element of the view equals torch's float32 ``act(x * a + b)`` rounded to
+    bfloat16, and the skipped elements are left as they were (the CPU kernels' vectorised
+    loops read consecutive elements, so such rows must take the element-by-element loops)."""
+    generator = torch.Generator().manual_seed(4)
+    base = torch.randn(3, 4, 2 * 100, generator=generator).to(torch.bfloat16)
+    a, b = torch.rand(4, generator=generator) + 0.5, torch.randn(4, generator=generator)
+    x = base.clone()
+    view = x[:, :, ::2]
+    ops.scale_shift_act_(view, a, b, common.ACT_LEAKY_RELU, 0.1)
+    y = base[:, :, ::2].float() * a[:, None] + b[:, None]
+    expected = torch.where(y >= 0, y, y * torch.tensor(0.1)).to(torch.bfloat16)
+    assert torch.equal(view.view(torch.int16), expected.view(torch.int16))
+    assert torch.equal(x[:, :, 1::2].view(torch.int16), base[:, :, 1::2].view(torch.int16))
+
+
 def test_overwriting_a_tensor_saved_by_another_operation_is_caught_by_autograd():
     """The version bump of the eager call is what lets autograd refuse a backward through an
     operation whose saved output an in-place layer overwrote."""

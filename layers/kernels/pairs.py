@@ -214,8 +214,11 @@ def _emit_row(builder, size, sources, destination, element_values, prefetched, a
 
 
 def _is_row(kind):
-    """Whether the numba type ``kind`` is a 1-D array of bfloat16 bits."""
-    return isinstance(kind, types.Array) and kind.ndim == 1 and kind.dtype == types.uint16
+    """Whether the numba type ``kind`` is a contiguous 1-D array of bfloat16 bits: the steps
+    load and store 32 consecutive elements from the row's start (a strided row, e.g. of a
+    view that skips elements, keeps the scalar loops)."""
+    return (isinstance(kind, types.Array) and kind.ndim == 1 and kind.dtype == types.uint16
+            and kind.layout == "C")
 
 
 def _arguments(context, builder, signature, args):
@@ -299,8 +302,8 @@ def _has_vector_body(act):
 
 def scale_shift_act_row(src, dst, a, b, act, slope, ahead):
     """``dst[t] = act(src[t] * a + b)`` over two 1-D rows of the same length, the same row (in
-    place) or rows that do not overlap, where this module has a vector body for them: bfloat16
-    bits (``uint16``) of at least :data:`STEP` elements, identity or leaky ReLU (``slope``),
+    place) or rows that do not overlap, where this module has a vector body for them: contiguous
+    rows of bfloat16 bits (``uint16``) of at least :data:`STEP` elements, identity or leaky ReLU (``slope``),
     float32 scalars. ``ahead``: an integer; where not 0, it prefetches the elements ``ahead``
     after ``src``'s as it goes (see :func:`_emit_row`). Returns whether it ran; it writes
     nothing and prefetches nothing where it returns False. Compiled code only."""
@@ -331,8 +334,8 @@ def input_gradient_row(z, dz, x, p, q, k0, k1, k2, act, slope, mode, out, ahead)
     scalar loop computes it: ``out[t] = dy * k0 + v * k1 + k2`` with ``dy = act_grad(z, dz)``
     and ``v = u * p + q``, ``u`` the stored input ``x`` (``MODE_XHAT_FROM_X``) or
     ``act^-1(z)`` (the other modes). ``out`` is ``dz`` (in place) or a row that overlaps none
-    of the others. Runs where this module has a vector body: bfloat16 rows (``uint16``) of at
-    least :data:`STEP` elements, identity or leaky ReLU (``slope``), float32 scalars.
+    of the others. Runs where this module has a vector body: contiguous bfloat16 rows
+    (``uint16``) of at least :data:`STEP` elements, identity or leaky ReLU (``slope``), float32 scalars.
     ``ahead``: where not 0, it prefetches the elements ``ahead`` after ``z``'s and ``dz``'s (and
     ``x``'s, in ``MODE_XHAT_FROM_X``, the one mode that reads ``x``) as it goes.
     Returns whether it ran; it writes nothing and prefetches nothing where it returns False.
