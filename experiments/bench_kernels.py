@@ -134,9 +134,13 @@ DEFAULT_GOALS = {"speedup_vs_composite": (">=", 1.0)}
 TRAFFIC_FLOOR_COPIES = 3.5
 #: The passes of the per-pass profile: name -> (operator of :mod:`layers.ops`, the copies of
 #: the tensor it must move at least: reading one tensor is half a copy, writing one the other
-#: half). The layer's training forward is ``training_forward`` (statistics and output in one
-#: call); ``statistics`` and ``normalize_act`` are its two steps as separate passes.
+#: half). ``forward_step`` is what the layer's training forward calls in eager mode: the whole
+#: step (the per-channel scale, the statistics and output, the batch and running statistics,
+#: in one call), so the layer's forward over it is the Python around the kernels;
+#: ``training_forward`` is the step's pass over the tensor alone (statistics and output), and
+#: ``statistics`` and ``normalize_act`` are that pass's two steps as separate passes.
 PASSES = {
+    "forward_step": ("layers::forward_step_", 1.0),
     "statistics": ("layers::moments", 0.5),
     "normalize_act": ("layers::scale_shift_act_", 1.0),
     "training_forward": ("layers::moments_normalize_act_", 1.0),
@@ -472,7 +476,11 @@ class Contenders:
         zeros = torch.zeros_like(ones)
         gamma, beta = ones.double(), zeros.double()  # the fused forward's are float64
         coef = torch.stack([ones, zeros, zeros])  # dx = dy * k0 + v * k1 + k2
+        running_mean, running_var = zeros.clone(), ones.clone()  # updated by each step
         fns = {
+            "forward_step": lambda x: ops.forward_step_(x, ones, zeros, running_mean,
+                                                        running_var, True, MOMENTUM, EPS, act,
+                                                        SLOPE, True),
             "statistics": lambda: ops.moments(z),
             "normalize_act": lambda x: ops.scale_shift_act_(x, ones, zeros, act, SLOPE),
             "training_forward": lambda x: ops.moments_normalize_act_(x, gamma, beta, EPS, act,
@@ -486,7 +494,7 @@ class Contenders:
                                                                      common.MODE_Y),
         }
         setups = {name: lambda: view(self.refill())
-                  for name in ("normalize_act", "training_forward")}
+                  for name in ("forward_step", "normalize_act", "training_forward")}
         setups["backward_input_in_place"] = lambda: view(self._grad_buffer.copy_(self.grad))
         return fns, setups
 
