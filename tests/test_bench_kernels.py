@@ -237,15 +237,22 @@ def test_claims_report_lists_every_goal_of_every_run(tmp_path):
     row_ratios = {"speedup_vs_composite": 4.5, "fwd_bwd_over_traffic_floor": 1.7,
                   "forward_over_copy": 1.05}
     row = {"shape": [32, 256, 56, 56], "dtype": "bfloat16", "tensor_bytes": 51380224,
+           "results": {"copy": {"median_s": 1.3e-3, "effective_bandwidth_GBps": 79.04}},
            "ratios": row_ratios, "goals": bench_kernels.goals((32, 256, 56, 56), row_ratios)}
     write_json_atomic(tmp_path / "bench_kernels" / "smoke-cpu.json",
                       {"machine": "a CPU", "threads": 2, "rows": [row]})
     lines = claims.speed_goals(tmp_path)
     assert "| smoke-cpu | a CPU | 2 | 32x256x56x56 | bfloat16 | `speedup_vs_composite` >= 4 | " \
-           "4.50 | **yes** |" in lines
-    assert any("`fwd_bwd_over_traffic_floor` <= 1.5 | 1.70 | **no**" in line for line in lines)
-    assert any("`forward_over_copy` <= 1.1 | 1.05 | **yes**" in line for line in lines)
+           "4.50 | 79.0 | **yes** |" in lines
+    assert any("`fwd_bwd_over_traffic_floor` <= 1.5 | 1.70 | 79.0 | **no**" in line
+               for line in lines)
+    assert any("`forward_over_copy` <= 1.1 | 1.05 | 79.0 | **yes**" in line for line in lines)
     assert "No kernel benchmark yet." in claims.speed_goals(tmp_path / "none")
+    del row["results"]  # an artifact without the copy's bandwidth
+    write_json_atomic(tmp_path / "bench_kernels" / "smoke-cpu.json",
+                      {"machine": "a CPU", "threads": 2, "rows": [row]})
+    assert any("`forward_over_copy` <= 1.1 | 1.05 | not timed | **yes**" in line
+               for line in claims.speed_goals(tmp_path))
 
 
 def _sweep_report(speedups_by_dtype, family=(64, 28, 28), floor=None, aten=None, steps=None):

@@ -50,9 +50,17 @@ def _shape(row):
 
 def goals(report):
     """One row per shape, dtype and goal, in the artifact's order: ``shape`` (``"NxCxHxW"``),
-    ``dtype``, ``goal`` (the ratio's name), ``value``, ``comparison``, ``threshold``, ``met``."""
-    return pd.DataFrame([{"shape": _shape(row), "dtype": row["dtype"], "goal": name, **goal}
+    ``dtype``, ``goal`` (the ratio's name), ``value``, ``comparison``, ``threshold``, ``met``,
+    and ``copy_gbps``: the effective bandwidth of the row's copy (``None`` where the artifact
+    has none), which the copy-relative goals are judged against."""
+    return pd.DataFrame([{"shape": _shape(row), "dtype": row["dtype"], "goal": name, **goal,
+                          "copy_gbps": _copy_bandwidth(row)}
                          for row in report["rows"] for name, goal in row["goals"].items()])
+
+
+def _copy_bandwidth(row):
+    """The effective bandwidth (GB/s) of the copy of an artifact's ``row``, or ``None``."""
+    return row.get("results", {}).get("copy", {}).get("effective_bandwidth_GBps")
 
 
 def table(report):

@@ -597,17 +597,23 @@ def speed_goals(artifacts):
              "From `artifacts/bench_kernels/<run>.json` (`snakemake --cores 2 bench_kernels`; "
              "its figure: `figures/<run>/bench_kernels.png`): InPlace-ABN II forward + backward "
              "against `F.batch_norm` + `F.leaky_relu` and against 3.5 copies of the tensor, the "
-             "forward against one copy, every contender timed interleaved in one process."]
+             "forward against one copy, every contender timed interleaved in one process. "
+             "Beside each goal, the copy's effective bandwidth in that row (2 x the tensor's "
+             "bytes / its median time), which the copy-relative goals are judged against: on a "
+             "shared machine the memory may run at different speeds from run to run, and a "
+             "slower copy makes those goals easier to meet."]
     found = bench_kernels.runs(artifacts)
     if not found:
         return lines + ["", "No kernel benchmark yet."]
-    header = ["run", "machine", "threads", "shape", "dtype", "goal", "measured", "met"]
+    header = ["run", "machine", "threads", "shape", "dtype", "goal", "measured", "copy (GB/s)",
+              "met"]
     lines += ["", "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for run in found:
         report = bench_kernels.load(run, artifacts)
         for goal in bench_kernels.goals(report).itertuples(index=False):
             cells = [run, report["machine"], report["threads"], goal.shape, goal.dtype,
                      f"`{goal.goal}` {goal.comparison} {goal.threshold:g}", f"{goal.value:.2f}",
+                     "not timed" if pd.isna(goal.copy_gbps) else f"{goal.copy_gbps:.1f}",
                      "**yes**" if goal.met else "**no**"]
             lines.append("| " + " | ".join(_escape(c) for c in cells) + " |")
     return lines + crossover_lines(artifacts, found)
