@@ -302,11 +302,12 @@ def _has_vector_body(act):
 
 def scale_shift_act_row(src, dst, a, b, act, slope, ahead):
     """``dst[t] = act(src[t] * a + b)`` over two 1-D rows of the same length, the same row (in
-    place) or rows that do not overlap, where this module has a vector body for them: contiguous
-    rows of bfloat16 bits (``uint16``) of at least :data:`STEP` elements, identity or leaky ReLU (``slope``),
-    float32 scalars. ``ahead``: an integer; where not 0, it prefetches the elements ``ahead``
-    after ``src``'s as it goes (see :func:`_emit_row`). Returns whether it ran; it writes
-    nothing and prefetches nothing where it returns False. Compiled code only."""
+    place) or rows that do not overlap, where this module has a vector body for them:
+    contiguous rows of bfloat16 bits (``uint16``) of at least :data:`STEP` elements, identity or
+    leaky ReLU (``slope``), float32 scalars. ``ahead``: an integer; where not 0, it prefetches
+    the elements ``ahead`` after ``src``'s as it goes (see :func:`_emit_row`). Returns whether
+    it ran; it writes nothing and prefetches nothing where it returns False. Compiled code
+    only."""
 
 
 def _float32_scalars(*kinds):
@@ -335,9 +336,9 @@ def input_gradient_row(z, dz, x, p, q, k0, k1, k2, act, slope, mode, out, ahead)
     and ``v = u * p + q``, ``u`` the stored input ``x`` (``MODE_XHAT_FROM_X``) or
     ``act^-1(z)`` (the other modes). ``out`` is ``dz`` (in place) or a row that overlaps none
     of the others. Runs where this module has a vector body: contiguous bfloat16 rows
-    (``uint16``) of at least :data:`STEP` elements, identity or leaky ReLU (``slope``), float32 scalars.
-    ``ahead``: where not 0, it prefetches the elements ``ahead`` after ``z``'s and ``dz``'s (and
-    ``x``'s, in ``MODE_XHAT_FROM_X``, the one mode that reads ``x``) as it goes.
+    (``uint16``) of at least :data:`STEP` elements, identity or leaky ReLU (``slope``), float32
+    scalars. ``ahead``: where not 0, it prefetches the elements ``ahead`` after ``z``'s and
+    ``dz``'s (and ``x``'s, in ``MODE_XHAT_FROM_X``, the one mode that reads ``x``) as it goes.
     Returns whether it ran; it writes nothing and prefetches nothing where it returns False.
     Compiled code only."""
 
