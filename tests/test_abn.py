@@ -91,6 +91,26 @@ def test_abn_matches_composite(activation, param, training):
     check_against_reference(layer, *random_input((3, 3, 4, 5)))
 
 
+@pytest.mark.parametrize("small", [True, False], ids=["copy-then-in-place", "two-passes"])
+def test_abn_training_forward_leaves_its_input_untouched(small, monkeypatch):
+    """On small tensors the CPU kernels' out-of-place training forward copies the input into
+    the output and runs the fused forward in place there (``cpu._copies_into_output``), on
+    larger ones it makes two passes (``small`` false: the size limit set to 0, as a large
+    tensor sees it). Either way the input keeps its values, and the output, the gradients and
+    the running statistics match the float64 reference. Not marked ``kernels``: it is about
+    ``cpu.py``."""
+    from layers.kernels import cpu
+
+    if not small:
+        monkeypatch.setattr(cpu, "_FUSED_MAX_ANY_CHANNELS", 0)
+    x, grad = random_input((3, 3, 4, 5))
+    layer = make_layer(layers.ABN)
+    given = x.clone()
+    out = layer(given)
+    assert torch.equal(given, x) and out.data_ptr() != given.data_ptr()
+    check_against_reference(make_layer(layers.ABN), x, grad)
+
+
 @kernels
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{len(s)}d")
 @pytest.mark.parametrize("cls", [layers.ABN, layers.InPlaceABN])
@@ -1105,15 +1125,23 @@ def test_empty_batches_in_eval_and_refused_in_training(cls, shape):
 
 # --------------------------------------------------------------------------- threads
 @pytest.mark.parametrize("channels_last", [False, True], ids=["ncs", "channels_last"])
-@pytest.mark.parametrize("channels", [6, 40], ids=["few-channels", "fused"])
+@pytest.mark.parametrize("channels, small", [(6, True), (6, False), (40, True)],
+                         ids=["few-channels", "few-channels-large", "many-channels"])
 @pytest.mark.parametrize("cls", [layers.ABN, layers.InPlaceABN])
-def test_results_do_not_depend_on_the_thread_count(cls, channels, channels_last):
+def test_results_do_not_depend_on_the_thread_count(cls, channels, small, channels_last,
+                                                   monkeypatch):
     """Bitwise equal with 1 and 2 threads: the sums' order follows the shape only (the
-    channels-last chunks, the fused training forward from 32 channels on)."""
+    channels-last chunks, the fused training forward from 32 channels on and on small
+    tensors; ``small`` false: the size limit set to 0, as a large tensor with few channels
+    sees it)."""
     import numba
+
+    from layers.kernels import cpu
 
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("numba has a single thread")
+    if not small:
+        monkeypatch.setattr(cpu, "_FUSED_MAX_ANY_CHANNELS", 0)
     x, grad = random_input((5, channels, 2 * 512 + 37), dtype=torch.float32)
     x = x + 20
     if channels_last:  # 5285 rows: three chunks of rows, each of several blocks

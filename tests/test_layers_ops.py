@@ -290,16 +290,22 @@ def _run_step(layer, x, grad, path, monkeypatch):
 @pytest.mark.parametrize("cls,variant", [(InPlaceABN, "I"), (InPlaceABN, "II"), (ABN, None)])
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("channels", [SHAPE[1], 40], ids=["few-channels", "fused"])
+@pytest.mark.parametrize("channels, small", [(SHAPE[1], True), (SHAPE[1], False), (40, True)],
+                         ids=["few-channels", "few-channels-large", "many-channels"])
 def test_whole_steps_equal_the_per_kernel_operators_and_torch_per_channel_steps(
-        cls, variant, training, layout, channels, monkeypatch):
+        cls, variant, training, layout, channels, small, monkeypatch):
     """The whole steps (``cpu.forward_step`` and ``backward_step``: the kernels and the
     per-channel arithmetic as compiled loops, in one call each where the view allows), called
     directly and through the dispatcher, against the per-kernel operators with the same
     formulas as torch operators: output, gradients and running statistics, in float64 and
     float32 (a float32 layer's parameters, statistics and gradients), scale modes ``abs`` and
-    ``bn``. From 32 channels on, the in-place training forward fuses statistics and output per
-    channel (``fused``)."""
+    ``bn``. The in-place training forward fuses statistics and output per channel from 32
+    channels on and on small tensors; with few channels on a large tensor (``small`` false:
+    the size limit set to 0 here) it makes two passes."""
+    if not small:
+        from layers.kernels import cpu
+
+        monkeypatch.setattr(cpu, "_FUSED_MAX_ANY_CHANNELS", 0)
     shape = (SHAPE[0], channels) + SHAPE[2:]
     for dtype, scale_mode in ((torch.float64, "abs"), (torch.float32, "bn")):
         generator = torch.Generator().manual_seed(5)

@@ -164,6 +164,16 @@ _ROWS_PER_CHUNK = 4 * _BLOCK
 #: (parallel over channels): a constant, so that the choice, which changes the last bits of the
 #: result, does not follow the thread count.
 _FUSED_MIN_CHANNELS = 32
+#: Elements up to which the in-place training forward fuses whatever its number of channels.
+#: There its time is the calls' fixed cost, not the threads' share of the work: with fewer
+#: channels than threads the fused forward leaves threads idle, but the two passes instead
+#: cost several calls into numba and torch operators between them. Measured (AMD Zen 5,
+#: 2 threads, 2026-11-28; the ``InPlaceABN`` forward, fused over unfused, interleaved), with 3,
+#: 16 and 24 channels, float32 and bfloat16: 0.40-0.59 up to 49152 elements, 0.56-0.73 at
+#: 98304 to 393216 elements except 1.04 with 3 channels at 393216 in float32 (two of the three
+#: channels on one thread, beyond its L2 cache), 0.64-1.43 from 524288 on. Like the channel
+#: count, a constant: the choice follows the shape alone.
+_FUSED_MAX_ANY_CHANNELS = 1 << 17
 
 
 def _target(out, x):
@@ -990,12 +1000,13 @@ def moments_forward(x, out, gamma, beta, eps, act, slope):
     """``moments(x)``, and ``out = act(gamma * (x - mean) / sqrt(var + eps) + beta)``.
 
     The training forward in one call. In place, with at least ``_FUSED_MIN_CHANNELS`` channels
-    (to spread over the threads), the statistics and output of each block of channels are
-    computed back to back while its data is in cache, so the input is read from memory once
+    (to spread over the threads) or at most ``_FUSED_MAX_ANY_CHANNELS`` elements (where the
+    calls' fixed cost outweighs the work), the statistics and output of each block of channels
+    are computed back to back while its data is in cache, so the input is read from memory once
     instead of twice (close to the cost of a copy of the tensor, ``forward_over_copy`` of
-    ``experiments.bench_kernels``). Out of place, or with fewer channels, the two passes run one
-    after the other: writing a second tensor channel by channel is slower than the row-wise
-    ``forward``.
+    ``experiments.bench_kernels``). Out of place, or with fewer channels on more elements, the
+    two passes run one after the other: writing a second tensor channel by channel is slower
+    than the row-wise ``forward``.
     ``gamma``, ``beta``: float64 ``(C,)``. An empty view writes nothing; its moments are NaN.
     """
     return torch.from_numpy(_moments_forward(x, out, gamma, beta, eps, act, slope))
@@ -1004,7 +1015,17 @@ def moments_forward(x, out, gamma, beta, eps, act, slope):
 def _fuses_statistics(x, out):
     """Whether the training forward on the non-empty view ``x`` computes the statistics and
     output of each block of channels back to back (see :func:`moments_forward`)."""
-    return x.dim() == 3 and _in_place(out, x) and x.shape[1] >= _FUSED_MIN_CHANNELS
+    return (x.dim() == 3 and _in_place(out, x)
+            and (x.shape[1] >= _FUSED_MIN_CHANNELS or x.numel() <= _FUSED_MAX_ANY_CHANNELS))
+
+
+def _copies_into_output(x, out):
+    """Whether the training forward from the view ``x`` into another, ``out``, copies ``x`` into
+    ``out`` and runs in place there: on tensors of at most ``_FUSED_MAX_ANY_CHANNELS`` elements,
+    where one copy and the fused forward cost less than the two passes' calls: the ``ABN``
+    forward took 0.46 to 0.64 times as long so, at five shapes of 2048 to 131072 elements with 3
+    to 64 channels, float32 and bfloat16 (measured as for ``_FUSED_MAX_ANY_CHANNELS``)."""
+    return x.dim() == 3 and not _in_place(out, x) and x.numel() <= _FUSED_MAX_ANY_CHANNELS
 
 
 def _moments_forward(x, out, gamma, beta, eps, act, slope):
@@ -1305,6 +1326,8 @@ def forward_step(x, out, weight, bias, running_mean, running_var, training, mome
     channels = x.shape[1]
     state = np.empty((6, channels))
     vector_element = _vector_element(weight, bias, running_mean, running_var)
+    if training and _copies_into_output(x, out):
+        x = out.copy_(x)
     if (training and _fuses_statistics(x, out) and not _empty(x) and vector_element is not None
             and _addressable(x, weight, bias, running_mean, running_var)):
         element = codecs.cpu_element(x.dtype)
