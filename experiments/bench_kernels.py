@@ -2,8 +2,9 @@
 
 Run as ``python -m experiments.bench_kernels [--shapes N C H W [N C H W ...]]
 [--dtypes DTYPE ...] [--threads T] [--repeats R] [--warmup W] [--device cpu|cuda] [--run RUN]
-[--out PATH]``; the default shapes are the table's and a sweep of the small one over the
-batch size (:data:`SHAPES`).
+[--out PATH]``; the default shapes are the table's, a sweep of the small one over the
+batch size and a sweep of a tiny one, within which the composite overtakes the layer
+(:data:`SHAPES`).
 
 One row per shape of ``--shapes`` and dtype of ``--dtypes`` (float32, float64, float16,
 bfloat16). A row's contenders are timed interleaved
@@ -117,7 +118,11 @@ SMALL_SHAPE = (8, 64, 28, 28)
 #: :func:`experiments.report.bench_kernels.crossover`).
 SWEEP_SHAPES = ((2, 64, 28, 28), (4, 64, 28, 28), (16, 64, 28, 28), (32, 64, 28, 28),
                 (64, 64, 28, 28))
-SHAPES = STAGE_SHAPES + (SMALL_SHAPE,) + SWEEP_SHAPES
+#: A second sweep, on tensors small enough that the crossover falls within it (on a CPU; the
+#: first sweep's smallest shape is already past it there): the 48 channels of DenseNet-BC's
+#: (k = 12) bottleneck output on CIFAR's 8x8 maps, at batch 2 to 128.
+TINY_SWEEP_SHAPES = ((2, 48, 8, 8), (8, 48, 8, 8), (32, 48, 8, 8), (128, 48, 8, 8))
+SHAPES = STAGE_SHAPES + (SMALL_SHAPE,) + SWEEP_SHAPES + TINY_SWEEP_SHAPES
 #: The goals per shape, ratio -> (comparison, threshold). At the first stage shape all three
 #: ratios have one; at the other stage shapes and the small one the speedup only (there the
 #: floor and copy ratios measure the fixed cost of a call more than memory traffic). Any other
