@@ -1016,16 +1016,24 @@ def _fuses_statistics(x, out):
     """Whether the training forward on the non-empty view ``x`` computes the statistics and
     output of each block of channels back to back (see :func:`moments_forward`)."""
     return (x.dim() == 3 and _in_place(out, x)
-            and (x.shape[1] >= _FUSED_MIN_CHANNELS or x.numel() <= _FUSED_MAX_ANY_CHANNELS))
+            and (x.shape[1] >= _FUSED_MIN_CHANNELS or _fixed_cost_bound(x)))
+
+
+def _fixed_cost_bound(x):
+    """Whether the view ``x`` is small enough (at most ``_FUSED_MAX_ANY_CHANNELS`` elements)
+    that the training forward's time is its calls' fixed cost, whatever its channels."""
+    return x.numel() <= _FUSED_MAX_ANY_CHANNELS
 
 
 def _copies_into_output(x, out):
-    """Whether the training forward from the view ``x`` into another, ``out``, copies ``x`` into
-    ``out`` and runs in place there: on tensors of at most ``_FUSED_MAX_ANY_CHANNELS`` elements,
-    where one copy and the fused forward cost less than the two passes' calls: the ``ABN``
-    forward took 0.46 to 0.64 times as long so, at five shapes of 2048 to 131072 elements with 3
-    to 64 channels, float32 and bfloat16 (measured as for ``_FUSED_MAX_ANY_CHANNELS``)."""
-    return x.dim() == 3 and not _in_place(out, x) and x.numel() <= _FUSED_MAX_ANY_CHANNELS
+    """Whether :func:`forward_step` from the view ``x`` into ``out``, another view that does
+    not overlap it (``forward_step_out``; in place, ``out`` is ``x`` itself, which this tells
+    without a call into torch), copies ``x`` into ``out`` and runs in place there: on
+    :func:`_fixed_cost_bound` views, where one copy and the fused forward cost less than the two
+    passes' calls: the ``ABN`` forward took 0.46 to 0.64 times as long so, at five shapes of
+    2048 to 131072 elements with 3 to 64 channels, float32 and bfloat16 (measured as for
+    ``_FUSED_MAX_ANY_CHANNELS``)."""
+    return out is not x and x.dim() == 3 and _fixed_cost_bound(x)
 
 
 def _moments_forward(x, out, gamma, beta, eps, act, slope):
