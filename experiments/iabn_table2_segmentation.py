@@ -28,8 +28,6 @@ the pixels per minibatch relative to the body's STD-BN row (the bracket) and the
 """
 import sys
 
-import pandas as pd
-
 from .train import seg_point
 
 EXPERIMENT = "iabn_table2_segmentation"

@@ -88,12 +88,11 @@ class KernelOperator:
         if not runs_directly(args[0]):
             return self.operator(*args, **kwargs)
         result = self.implementation(*args, **kwargs)
-        written = []
-        for index, name in self._mutated:
-            mutated = args[index] if index < len(args) else kwargs.get(name)
-            if mutated is not None:  # an optional argument left out (running statistics)
-                written.append(mutated)
-        count_writes(written)
+        given = len(args)
+        written = [args[index] if index < given else kwargs.get(name)
+                   for index, name in self._mutated]
+        # an optional argument left out (running statistics) is None
+        count_writes([tensor for tensor in written if tensor is not None])
         return result
 
 
@@ -118,10 +117,15 @@ def _operator(mutates_args):
     return functools.partial(KernelOperator, mutates_args=mutates_args)
 
 
-def _guard(**flags):
-    """The device flags (``skip``, ``poison``) that are set, as keywords of a backend call:
-    only the CUDA backend takes them (``DEVICE_GUARD``), and only it is ever given one."""
-    return {name: flag for name, flag in flags.items() if flag is not None}
+#: The keywords of a backend call without a device flag (:func:`_guard`); never modified.
+_NO_FLAG = {}
+
+
+def _guard(name, flag):
+    """The device flag ``flag`` (``skip``, ``poison``, or ``None``) as the keywords of a
+    backend call: only the CUDA backend takes them (``DEVICE_GUARD``), and only it is ever
+    given one."""
+    return _NO_FLAG if flag is None else {name: flag}
 
 
 # --------------------------------------------------------------------------- statistics
@@ -142,7 +146,7 @@ def moments_normalize_act_(x: Tensor, gamma: Tensor, beta: Tensor, eps: float, a
                            slope: float, skip: Optional[Tensor] = None) -> Tensor:
     """The training forward in place: returns the batch's ``[mean, M2]`` and writes
     ``x = act(gamma * (x - mean) / sqrt(M2 / count + eps) + beta)``."""
-    return backend(x).moments_forward(x, x, gamma, beta, eps, act, slope, **_guard(skip=skip))
+    return backend(x).moments_forward(x, x, gamma, beta, eps, act, slope, **_guard("skip", skip))
 
 
 @moments_normalize_act_.register_fake
@@ -168,7 +172,7 @@ def scale_shift_act_(x: Tensor, a: Tensor, b: Tensor, act: int, slope: float,
                      skip: Optional[Tensor] = None) -> None:
     """``x = act(x * a + b)`` per channel, in place (``a``, ``b`` in the compute dtype of
     ``x``: float32 for 16-bit data)."""
-    backend(x).forward(x, x, a, b, act, slope, **_guard(skip=skip))
+    backend(x).forward(x, x, a, b, act, slope, **_guard("skip", skip))
 
 
 @scale_shift_act_.register_fake
@@ -255,7 +259,7 @@ def forward_step_(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
     statistics updated in training; returns the (6, C) float64 per-channel state (the
     backends' ``forward_step``)."""
     return backend(x).forward_step(x, x, weight, bias, running_mean, running_var, training,
-                                   momentum, eps, act, slope, abs_mode, **_guard(skip=skip))
+                                   momentum, eps, act, slope, abs_mode, **_guard("skip", skip))
 
 
 @forward_step_.register_fake
@@ -284,10 +288,14 @@ def _backward_step(z, dz, x, state, act, slope, v_mode, training, input_grad, pa
                    has_weight, has_bias, poison):
     """The backends' ``backward_step``, with an empty tensor for a gradient left out (an
     operator returns tensors, never ``None``)."""
-    gradients = backend(z).backward_step(z, dz, x, state, act, slope, v_mode, training,
-                                         input_grad, param_dtype, has_weight, has_bias,
-                                         **_guard(poison=poison))
-    return tuple(state.new_empty(0, dtype=param_dtype) if g is None else g for g in gradients)
+    dweight, dbias = backend(z).backward_step(z, dz, x, state, act, slope, v_mode, training,
+                                              input_grad, param_dtype, has_weight, has_bias,
+                                              **_guard("poison", poison))
+    if dweight is None:
+        dweight = state.new_empty(0, dtype=param_dtype)
+    if dbias is None:
+        dbias = state.new_empty(0, dtype=param_dtype)
+    return dweight, dbias
 
 
 @_operator(("dz",))

@@ -46,7 +46,7 @@ from .functional import (BackwardSpec, apply_coefficients, check_activation,
                          check_invertible_scale, has_values, normalize_activate_backward,
                          normalize_activate_into, once_differentiable, reapply_into,
                          scale_and_shift)
-from .kernels import codecs, common
+from .kernels import common
 from .shared_storage import conv_dtype, conv_grads, norm_spec
 
 #: Rows of the full per-channel state (:func:`layers.functional.normalize_activate_into`)

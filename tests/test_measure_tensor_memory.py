@@ -2,7 +2,6 @@
 and the simulated (meta device) step against the tracked real step of every model family."""
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 from experiments.measure import tensor_memory

@@ -1338,10 +1338,10 @@ def forward_step(x, out, weight, bias, running_mean, running_var, training, mome
         x = out.copy_(x)
     if (training and _fuses_statistics(x, out) and not _empty(x) and vector_element is not None
             and _addressable(x, weight, bias, running_mean, running_var)):
-        element = codecs.cpu_element(x.dtype)
-        block, ahead = _blocks(x.shape, x.element_size(), 1, _follow_torch_threads())
+        element, shape = codecs.cpu_element(x.dtype), tuple(x.shape)
+        block, ahead = _blocks(shape, x.element_size(), 1, _follow_torch_threads())
         _forward_step_ncs_inplace[act](
-            _address(x), tuple(x.shape), element, _address(weight), _address(bias),
+            x.data_ptr(), shape, element, _address(weight), _address(bias),
             _address(running_mean), _address(running_var), vector_element, float(eps),
             float(momentum), bool(abs_mode), codecs.compute_scalar(slope, element), state,
             block, ahead)
@@ -1380,11 +1380,13 @@ def backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param
     if (z.dim() == 3 and not _empty(z) and state.dtype is torch.float64
             and _addressable(z, dz, x, state)):
         tensors = 2 if x is None else 3  # z, dz (and x)
-        block, ahead = _blocks(z.shape, z.element_size(), tensors, _follow_torch_threads())
+        shape = tuple(z.shape)
+        block, ahead = _blocks(shape, z.element_size(), tensors, _follow_torch_threads())
+        z_address = z.data_ptr()
         # MODE_Y runs the MODE_XHAT_FROM_Y kernel with p = 1, q = 0 (variant_y)
         _backward_step_ncs[act, _compiled_mode(mode)](
-            _address(z), _address(dz), _address(z if x is None else x), tuple(z.shape), element,
-            _address(state), bool(training), mode == MODE_Y,
+            z_address, dz.data_ptr(), z_address if x is None else x.data_ptr(), shape, element,
+            state.data_ptr(), bool(training), mode == MODE_Y,
             codecs.compute_scalar(slope, element), _elu_floor(z), block,
             ahead if input_grad else 0, coef, dweight, dbias)
     else:
