@@ -88,20 +88,20 @@ class KernelOperator:
         if not runs_directly(args[0]):
             return self.operator(*args, **kwargs)
         result = self.implementation(*args, **kwargs)
+        # A loop rather than comprehensions (each a call of its own before Python 3.12): this
+        # runs twice per layer and step, whose Python is most of a small tensor's time.
+        written = []
         given = len(args)
-        written = [args[index] if index < given else kwargs.get(name)
-                   for index, name in self._mutated]
-        # an optional argument left out (running statistics) is None
-        count_writes([tensor for tensor in written if tensor is not None])
+        for index, name in self._mutated:
+            mutated = args[index] if index < given else kwargs.get(name)
+            if mutated is not None:  # an optional argument left out (running statistics)
+                written.append(mutated)
+        # The version counters of what the kernel wrote, bumped as the operator's
+        # ADInplaceOrView kernel does: autograd's check that a tensor saved for backward was
+        # not overwritten relies on it. One call for all (inference tensors, which have no
+        # version counter, are skipped by torch).
+        torch.autograd.graph.increment_version(written)
         return result
-
-
-def count_writes(tensors):
-    """Bump the version counters of ``tensors`` after a kernel called directly wrote them, as
-    the operator's ``ADInplaceOrView`` kernel does: autograd's check that a tensor saved for
-    backward was not overwritten relies on it. One call for all of them (inference tensors,
-    which have no version counter, are skipped by torch)."""
-    torch.autograd.graph.increment_version(tensors)
 
 
 def runs_directly(tensor):
