@@ -34,9 +34,11 @@ for the layer and the composite alike. The contenders (:class:`Contenders`):
 * ``whole_steps_fwd_bwd``: the layer's two whole-step operators alone
   (``layers.ops.forward_step_`` and ``backward_step_``, as InPlace-ABN II calls them) in an
   in-place autograd function that does nothing else (:class:`WholeStepsBatchNormAct`), on the
-  same kind of input and gradient: the layer without its Python around the kernels (argument
+  same kind of input and gradient: the layer without its Python around the operators (argument
   checks, the module, the functional's dispatch), which bounds what trimming that Python could
-  gain;
+  gain. The operators keep theirs (the eager call of :class:`layers.ops.KernelOperator`, the
+  backend's choice of path and its arguments for the compiled kernels): this is no floor of the
+  kernels themselves;
 * ``python_function_floor``: forward + backward of an in-place autograd function that does
   nothing (:class:`InPlaceIdentity`), on the same input and gradient as the layer: the fixed
   cost that any layer written as a Python autograd function pays on top of its kernels (the
@@ -67,8 +69,9 @@ A row of the artifact: ``shape``, ``dtype``, ``tensor_bytes``;
   (above 1, the ATen path is no faster path for the sizes where the composite beats the
   layer);
 * ``whole_steps_over_composite``: ``whole_steps_fwd_bwd`` / composite forward + backward
-  (above 1, the layer's kernels and autograd function alone are slower than the composite:
-  no trimming of the Python around them makes the layer as fast);
+  (above 1, the layer's whole-step operators in an autograd function are slower than the
+  composite: no trimming of the Python around the operators makes the layer as fast, only
+  trimming the operators' own);
 
 ``goals`` (ratio -> ``value``, ``comparison`` (``>=`` or ``<=``), ``threshold``, ``met``): the
 speed goals of the row's shape (:data:`SHAPE_GOALS`); ``profile`` (pass -> ``operator``, its

@@ -650,8 +650,9 @@ def crossover_lines(artifacts, found):
              "that the layer spends before any kernel runs), the same in-place layer "
              "written with ATen operators (above 1, no faster path to dispatch small tensors "
              "to), and the layer's two whole-step operators alone in such a function (above 1, "
-             "no trimming of the layer's Python around its kernels makes it as fast as the "
-             "composite).", "",
+             "no trimming of the layer's Python around the operators makes it as fast as the "
+             "composite; the operators' own Python, their eager call and the backend's "
+             "preparation of the compiled kernels' arguments, is still in it).", "",
              "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return lines + ["| " + " | ".join(_escape(c) for c in cells) + " |" for cells in rows]
 
