@@ -348,9 +348,9 @@ def _is_in(x, layout):
 
 def _view(x, layout):
     """The canonical kernel view of ``x`` in ``layout``, copying only if ``x`` is not in it (a
-    3-D ``x`` in ``"ncs"`` is its own view). ``flatten`` makes the ``(N, C, S)`` view in half
-    the time of ``view`` with the sizes spelled out, which counts on small tensors: three per
-    step."""
+    3-D ``x`` in ``"ncs"`` is its own view). ``flatten`` makes the ``(N, C, S)`` view in about
+    60% of the time of ``view`` with the sizes spelled out (0.85 against 1.44 us, warm, on a
+    2x48x8x8 tensor, AMD Zen 5), which counts on small tensors: three per step."""
     if layout == "ncs":
         x = x.contiguous()
         return x.flatten(2) if x.dim() > 2 else x.unsqueeze(2)
