@@ -243,11 +243,6 @@ class InPlaceABN(ABN):
         functional.check_choice("variant", variant, functional.VARIANTS)
         self.variant = variant
 
-    def forward(self, input):
-        if exporting():
-            return self.inference_forward(input)
-        return self._kernel_forward(input)
-
     @torch.jit.unused
     def _kernel_forward(self, input):
         *arguments, group = self._common_arguments(input)
