@@ -41,7 +41,6 @@ from pathlib import Path
 
 import torch
 
-import layers
 from layers.deeplab import BODIES, deeplabv3
 
 from ..records import point
