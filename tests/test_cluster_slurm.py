@@ -88,6 +88,26 @@ def test_bad_cluster_block_stops_before_any_job(workdir, cluster, message):
     assert message in result.stdout + result.stderr
 
 
+def test_workflow_parses_without_a_total_of_cores(workdir):
+    """A cluster executor runs the Snakefile with no total of cores (``--cores`` is a local
+    run's), and a rule whose plain ``threads:`` value reads ``workflow.cores`` then stops the
+    parse, whatever the target (it did: ``gpu_selfcheck``'s). Parsed here as the SLURM
+    executor parses it, which this test needs no cluster for: a dry run cannot show it, since
+    Snakemake sets one core for every local or dry run. Through Snakemake's Python API; its
+    ``_workflow`` property parses the Snakefile as ``dag()`` does."""
+    try:
+        from snakemake.settings.types import OutputSettings, ResourceSettings
+    except ImportError:  # Snakemake 8
+        from snakemake.settings import OutputSettings, ResourceSettings
+    from snakemake.api import SnakemakeApi
+
+    with SnakemakeApi(OutputSettings()) as api:
+        workflow = api.workflow(resource_settings=ResourceSettings(nodes=2),
+                                snakefile=ROOT / "Snakefile", workdir=workdir)._workflow
+        assert workflow.resource_settings.cores is None
+        assert "gpu_selfcheck" in {rule.name for rule in workflow.rules}
+
+
 # --------------------------------------------------------------------------- SLURM
 def slurm_missing():
     """Why SLURM cannot be used here, or None."""

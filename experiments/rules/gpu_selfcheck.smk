@@ -1,6 +1,19 @@
 """The GPU self-check (experiments/gpu_selfcheck/): what a user with a CUDA GPU runs first.
 Included by the Snakefile; not part of `all`.
 """
+from snakemake.exceptions import WorkflowError
+
+
+def _every_core(wildcards):
+    """The self-check's threads: every core given to snakemake (`--cores`). A cluster executor
+    has no such total (each job asks for its own cores), so there it is 1 unless set with
+    `--set-threads gpu_selfcheck=N`. A function, not `workflow.cores` itself: Snakemake
+    evaluates a rule's plain value while it parses the Snakefile, and on a cluster that value
+    raised for every target, not only for this rule's."""
+    try:
+        return workflow.cores
+    except WorkflowError:
+        return 1
 
 
 rule gpu_selfcheck:
@@ -10,8 +23,9 @@ rule gpu_selfcheck:
     Without a GPU it says so and writes nothing. It declares no output (the file name is the
     GPU's), so it runs whenever it is targeted: `snakemake --cores all gpu_selfcheck`. It
     fails (after writing both files) when a check or a layer test failed. The checks run in
-    as many processes as the rule's threads (`--jobs`: every core given to snakemake)."""
-    threads: workflow.cores
+    as many processes as the rule's threads (`--jobs`: every core given to snakemake; on a
+    cluster, `--set-threads gpu_selfcheck=N`)."""
+    threads: _every_core
     resources:
         gpu=1,
     shell:
