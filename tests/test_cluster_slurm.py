@@ -1,6 +1,7 @@
-"""The pipeline on a cluster: every measuring job asks for its profile section's resources, and
-one target is built through Snakemake's SLURM executor with the one-node profile
-(experiments/config/slurm-local/), checked to have run as a SLURM job.
+"""The pipeline on a cluster: every measuring job asks for its profile section's resources, the
+Snakefile parses as a cluster executor parses it, and one target is built through Snakemake's
+SLURM executor with the one-node profile (experiments/config/slurm-local/), checked to have run
+as a SLURM job, as is the GPU self-check, with the cores it asked for.
 
 The SLURM run needs a cluster that answers `sinfo` on this machine and the executor plugin
 (`pip install -e '.[cluster]'`); `experiments/config/slurm-local/cluster_up.sh` starts such a
@@ -179,3 +180,24 @@ def test_target_runs_as_a_slurm_job(slurm, tmp_path):
     assert {"experiment", "config", "results", "environment"} <= set(point)
     assert point["results"]
     print(f"SLURM job {jobid} built {TARGET} in {elapsed:.0f} s")
+
+
+@pytest.mark.parametrize("threads", [None, 2])
+def test_gpu_selfcheck_job_runs_with_the_cores_it_asked_for(slurm, workdir, threads):
+    """``gpu_selfcheck`` takes every core of a local run; as a SLURM job its threads are 1, or
+    ``--set-threads``', on both sides: what the job asks SLURM for and what the job, which
+    evaluates them again on its node, passes to ``--jobs`` (more than it was given, and
+    ``srun`` refuses the step). This cluster has no GPU: the job asks for none, and the
+    self-check says so and exits cleanly."""
+    extra = [] if threads is None else ["--set-threads", f"gpu_selfcheck={threads}"]
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d", str(workdir),
+         "--profile", str(PROFILE), "gpu_selfcheck", "--set-resources", "gpu_selfcheck:gpu=0",
+         *extra], capture_output=True, text=True, timeout=TIMEOUT_S)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    (log,) = (workdir / ".snakemake" / "slurm_logs").glob("rule_gpu_selfcheck/**/*.log")
+    state, cpus = squeue(log.stem, "%T %C").split()
+    expected = threads or 1
+    assert (state, int(cpus)) == ("COMPLETED", expected)
+    assert f"--jobs {expected}\n" in log.read_text()

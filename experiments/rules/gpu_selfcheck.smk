@@ -1,19 +1,18 @@
 """The GPU self-check (experiments/gpu_selfcheck/): what a user with a CUDA GPU runs first.
 Included by the Snakefile; not part of `all`.
 """
-from snakemake.exceptions import WorkflowError
 
 
 def _every_core(wildcards):
-    """The self-check's threads: every core given to snakemake (`--cores`). A cluster executor
-    has no such total (each job asks for its own cores), so there it is 1 unless set with
-    `--set-threads gpu_selfcheck=N`. A function, not `workflow.cores` itself: Snakemake
-    evaluates a rule's plain value while it parses the Snakefile, and on a cluster that value
-    raised for every target, not only for this rule's."""
-    try:
+    """The self-check's threads: every core given to a local run (`--cores`). On a cluster there
+    is no such total (each job asks for its own cores), and the job evaluates this again inside
+    its allocation, as a remote run on a node whose cores it may not all have: there it is 1 on
+    both sides unless `--set-threads gpu_selfcheck=N` sets it. A function, not `workflow.cores`
+    itself: Snakemake evaluates a rule's plain value while it parses the Snakefile, and under
+    a cluster executor that value raised for every target, not only for this rule's."""
+    if workflow.local_exec and workflow.is_main_process:
         return workflow.cores
-    except WorkflowError:
-        return 1
+    return 1
 
 
 rule gpu_selfcheck:
