@@ -143,30 +143,37 @@ def squeue(jobid, fields):
                           capture_output=True, text=True, timeout=30).stdout.strip()
 
 
-def test_target_runs_as_a_slurm_job(slurm, tmp_path):
-    shutil.copytree(ROOT / "artifacts" / "paper", tmp_path / "artifacts" / "paper")
-    configfile = tmp_path / "small.yaml"
-    configfile.write_text(yaml.safe_dump(SMALL))
-    slurm_logs = tmp_path / ".snakemake" / "slurm_logs"
-    start = time.monotonic()
+def run_on_slurm(workdir, *args):
+    """``snakemake`` in ``workdir`` with the one-node SLURM profile and ``args``; its output.
+    Fails the test unless it succeeds within :data:`TIMEOUT_S`, cancelling, on a timeout, the
+    SLURM jobs it submitted (each has a log named by its job id), so none is left behind."""
     try:
-        result = subprocess.run(
-            [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path),
-             "--profile", str(PROFILE), TARGET, "--configfile", str(configfile)],
-            capture_output=True, text=True, timeout=TIMEOUT_S)
+        result = snakemake(workdir, "--profile", str(PROFILE), *args, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        # Leave no job of ours behind: each has a log named by its SLURM job id.
-        jobids = [log.stem for log in slurm_logs.rglob("*.log")]
+        jobids = [log.stem for log in slurm_logs(workdir).rglob("*.log")]
         if jobids:
             subprocess.run(["scancel", *jobids], timeout=30)
         pytest.fail(f"snakemake did not finish in {TIMEOUT_S} s; SLURM jobs {jobids} cancelled")
-    elapsed = time.monotonic() - start
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
+    return output
+
+
+def slurm_logs(workdir):
+    """Where the profile keeps the SLURM logs of a run in ``workdir``."""
+    return workdir / ".snakemake" / "slurm_logs"
+
+
+def test_target_runs_as_a_slurm_job(slurm, workdir):
+    configfile = workdir / "small.yaml"
+    configfile.write_text(yaml.safe_dump(SMALL))
+    start = time.monotonic()
+    output = run_on_slurm(workdir, TARGET, "--configfile", str(configfile))
+    elapsed = time.monotonic() - start
 
     # It went through SLURM: sbatch ran the rule's job, whose log (kept by the profile) is named
     # by its SLURM job id, and SLURM records that job, with the rule in its comment, as done.
-    logs = list(slurm_logs.glob(f"rule_{RULE}/**/*.log"))
+    logs = list(slurm_logs(workdir).glob(f"rule_{RULE}/**/*.log"))
     assert len(logs) == 1, f"expected one SLURM log of {RULE}, found {logs}\n{output[-4000:]}"
     jobid = logs[0].stem
     assert f"submitted with SLURM jobid {jobid}" in output
@@ -176,7 +183,7 @@ def test_target_runs_as_a_slurm_job(slurm, tmp_path):
     assert f"Finished jobid: 0 (Rule: {RULE})" in logs[0].read_text()
 
     # ... and wrote a complete point.
-    point = json.loads((tmp_path / TARGET).read_text())
+    point = json.loads((workdir / TARGET).read_text())
     assert {"experiment", "config", "results", "environment"} <= set(point)
     assert point["results"]
     print(f"SLURM job {jobid} built {TARGET} in {elapsed:.0f} s")
@@ -190,13 +197,8 @@ def test_gpu_selfcheck_job_runs_with_the_cores_it_asked_for(slurm, workdir, thre
     ``srun`` refuses the step). This cluster has no GPU: the job asks for none, and the
     self-check says so and exits cleanly."""
     extra = [] if threads is None else ["--set-threads", f"gpu_selfcheck={threads}"]
-    result = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d", str(workdir),
-         "--profile", str(PROFILE), "gpu_selfcheck", "--set-resources", "gpu_selfcheck:gpu=0",
-         *extra], capture_output=True, text=True, timeout=TIMEOUT_S)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
-    (log,) = (workdir / ".snakemake" / "slurm_logs").glob("rule_gpu_selfcheck/**/*.log")
+    run_on_slurm(workdir, "gpu_selfcheck", "--set-resources", "gpu_selfcheck:gpu=0", *extra)
+    (log,) = slurm_logs(workdir).glob("rule_gpu_selfcheck/**/*.log")
     state, cpus = squeue(log.stem, "%T %C").split()
     expected = threads or 1
     assert (state, int(cpus)) == ("COMPLETED", expected)
