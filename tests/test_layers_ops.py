@@ -6,6 +6,7 @@ gradients, running statistics) for ``torch.compile``.
 """
 import contextlib
 import copy
+import functools
 
 import pytest
 import torch
@@ -115,7 +116,8 @@ def test_densenet_runs_on_meta_and_fake_tensors(impl, norm):
 
 # --------------------------------------------------------------------------- opcheck
 def op_samples():
-    """``(operator, args)`` covering both canonical views, both float dtypes and each mode."""
+    """``(operator, args)`` covering both canonical views, both float dtypes and each mode.
+    ``args`` is a tuple, or a function that returns it at test time (:func:`step_samples`)."""
     gen = torch.Generator().manual_seed(0)
 
     def rand(*shape, dtype=torch.float64):
@@ -146,7 +148,9 @@ def op_samples():
 
 def step_samples(x, rand, act, slope):
     """``(operator, args)`` of the whole-step operators on the canonical view ``x``: training
-    and eval, with and without affine parameters and running statistics."""
+    and eval, with and without affine parameters and running statistics. The backward ones
+    take the state of a forward step, which runs when their test does (``args`` a function),
+    not when the tests are collected: each pytest-xdist worker collects them all."""
     c = x.shape[1]
     weight, bias = rand(c, dtype=torch.float32).abs() + 0.5, rand(c, dtype=torch.float32)
     running = (rand(c, dtype=torch.float32), rand(c, dtype=torch.float32).abs() + 0.5)
@@ -156,14 +160,21 @@ def step_samples(x, rand, act, slope):
         yield ops.forward_step_, (x.clone(), *(clone(v) for v in vectors), *step)
         yield ops.forward_step_out, (x, torch.empty_like(x), *(clone(v) for v in vectors),
                                      *step)
-        z = x.clone()
-        state = ops.forward_step_(z, *(clone(v) for v in vectors), *step)
         dz = rand(*x.shape, dtype=x.dtype)
         has = (vectors[0] is not None, vectors[1] is not None)
         for mode in (common.MODE_Y, common.MODE_XHAT_FROM_Y):
             backward = (act, slope, mode, training, torch.float32, *has)
-            yield ops.backward_step_, (z, dz.clone(), None, state, *backward)
-            yield ops.parameter_gradients_step, (z, dz, None, state, *backward)
+            for op, grad in ((ops.backward_step_, dz.clone()),
+                             (ops.parameter_gradients_step, dz)):
+                yield op, functools.partial(after_forward_step, x, vectors, step, grad, backward)
+
+
+def after_forward_step(x, vectors, step, grad, backward):
+    """The arguments of a backward step operator: ``z`` and the state of a forward step of
+    ``x`` (``x`` untouched), the incoming gradient ``grad`` and the rest (``backward``)."""
+    z = x.clone()
+    state = ops.forward_step_(z, *(clone(v) for v in vectors), *step)
+    return (z, grad, None, state, *backward)
 
 
 def clone(t):
@@ -173,7 +184,7 @@ def clone(t):
 @pytest.mark.parametrize("op,args", list(op_samples()),
                          ids=lambda v: getattr(v, "__name__", None) or "")
 def test_opcheck(op, args):
-    torch.library.opcheck(op.operator, args)
+    torch.library.opcheck(op.operator, args() if callable(args) else args)
 
 
 def test_every_operator_is_checked():
