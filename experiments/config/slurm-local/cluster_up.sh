@@ -35,6 +35,13 @@ if [[ ${1:-up} == down ]]; then
   for pidfile in "${PIDFILES[@]}"; do
     [[ -s $pidfile ]] && kill "$(cat "$pidfile")" 2>/dev/null && echo "stopped $pidfile" || true
   done
+  # The executor plugin runs `scontrol show config` whenever snakemake starts; with no
+  # controller that call waits ~9 s, in every snakemake command (README: the cluster path).
+  if python -c "import snakemake_executor_plugin_slurm" 2>/dev/null; then
+    echo "SLURM is down but snakemake-executor-plugin-slurm is installed: every snakemake" \
+         "command now waits ~9 s on scontrol. Uninstall it: pip uninstall -y" \
+         "snakemake-executor-plugin-slurm snakemake-executor-plugin-slurm-jobstep"
+  fi
   exit 0
 fi
 [[ ${1:-up} == up ]] || die "unknown argument '$1' (allowed: up, down)"
