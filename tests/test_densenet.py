@@ -173,7 +173,7 @@ def test_naive_layout_matches_torchvision(impl):
 
 
 # --------------------------------------------------------------------------- state and modes
-@pytest.mark.parametrize("norm, preact", itertools.product(("bn", "iabn"), (True, False)))
+@pytest.mark.parametrize("norm, preact", list(itertools.product(("bn", "iabn"), (True, False))))
 def test_state_dicts_are_interchangeable(norm, preact):
     state = {impl: tiny(impl, norm=norm, preact=preact)[0].state_dict() for impl in IMPLS}
     for impl in IMPLS:

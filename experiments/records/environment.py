@@ -12,6 +12,7 @@ import numba
 import numpy as np
 import torch
 
+from .lock import describe_install
 from .paths import REPO_ROOT
 
 
@@ -73,6 +74,9 @@ def _device_name(device):
 def describe_environment(device="cpu"):
     """Versions, machine, threads, device name, git commit and UTC date, as a dict.
 
+    ``install`` says whether the packages are the locked ones (``requirements.lock``) and, if
+    not, which differ (:func:`.lock.describe_install`).
+
     ``device`` is a string or :class:`torch.device`; the thread counts are the current
     settings of torch and numba, so call this after configuring them.
     """
@@ -83,6 +87,7 @@ def describe_environment(device="cpu"):
         "numba": numba.__version__,
         "numpy": np.__version__,
         "cuda_runtime": torch.version.cuda,
+        "install": describe_install(),
         "platform": platform.platform(),
         "processor": platform.processor() or None,
         "cpu_model": _cpu_model(),
