@@ -130,6 +130,32 @@ def simulated_deepest(frame):
                          "budget_gib": rows["memory_budget_gib"]}).reset_index(drop=True)
 
 
+#: DenseNet-BC's depths are ``6n + 4`` (three dense blocks of ``n`` layers and four others).
+DEPTH_STEP = 6
+
+
+def depth_at_budget(depths, peaks, budget):
+    """The deepest DenseNet-BC depth ``6n + 4`` whose peak fits ``budget`` by a least-squares
+    fit ``peak = a + b d + c d^2`` over ``(depths, peaks)``, or ``None`` with fewer than three
+    depths.
+
+    Quadratic because a DenseNet's parameters (and their gradients and optimizer state) grow
+    with the square of its depth, its stored feature maps linearly or quadratically: the fit
+    is the memory model that extends measured depths to the one where the budget is met.
+    ``inf`` if the fitted peak never reaches the budget past the deepest depth given.
+    """
+    depths = np.asarray(depths, dtype=float)
+    if len(np.unique(depths)) < 3:
+        return None
+    coefficients = np.polyfit(depths, np.asarray(peaks, dtype=float), 2)
+    coefficients[-1] -= budget
+    roots = [r.real for r in np.roots(coefficients) if abs(r.imag) < 1e-9
+             and r.real >= depths.max()]
+    if not roots:
+        return float("inf")
+    return int(DEPTH_STEP * ((min(roots) - 4) // DEPTH_STEP) + 4)
+
+
 def memory_vs_depth(frame, baseline="naive"):
     """Per ``(impl, depth)`` of ``densenet_fig4_memory``, in the frame's order: ``status``,
     ``param_count``, ``saved_mib``, ``peak_mib``, ``lower_bound_mib``,
@@ -204,4 +230,4 @@ def time_vs_baseline(frame, baseline="naive"):
 
 __all__ = ["contiguity_overhead", "strategy_overhead", "memory_vs_depth", "growth_with_depth",
            "time_vs_baseline", "measured_points", "simulated_rows", "simulated_memory_vs_depth",
-           "simulated_deepest", "SIMULATED"]
+           "simulated_deepest", "depth_at_budget", "SIMULATED", "DEPTH_STEP"]

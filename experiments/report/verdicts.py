@@ -8,7 +8,16 @@ register here, so the report finds every evaluator however it is started.
 """
 import dataclasses
 
+#: Measured at the claim's setting (or simulated at its scale, which the reason says) and the
+#: criterion holds.
 REPRODUCED = "reproduced"
+#: The criterion holds by construction of the method: what is counted is the method's own
+#: accounting (buffers it keeps, arithmetic it performs), the same on every device, not a
+#: measurement of the paper's hardware.
+BY_CONSTRUCTION = "holds by construction"
+#: The criterion holds in a scaled-down run (narrower bodies, smaller budgets): consistent
+#: with the claim, not a reproduction of it.
+CONSISTENT_SMALL_SCALE = "consistent at small scale"
 NOT_REPRODUCED = "not reproduced"
 NOT_MEASURABLE = "not measurable on this device"
 NOT_MEASURED = "not measured at the claimed setting"
@@ -41,10 +50,16 @@ def evaluates(claim_id):
     return register
 
 
-def verdict(ok):
-    """:data:`REPRODUCED` if ``ok`` else :data:`NOT_REPRODUCED`."""
-    return REPRODUCED if ok else NOT_REPRODUCED
+def verdict(ok, held=REPRODUCED):
+    """``held`` (the kind of success: :data:`REPRODUCED`, :data:`BY_CONSTRUCTION` or
+    :data:`CONSISTENT_SMALL_SCALE`) if ``ok`` else :data:`NOT_REPRODUCED`."""
+    return held if ok else NOT_REPRODUCED
 
 
-__all__ = ["REPRODUCED", "NOT_REPRODUCED", "NOT_MEASURABLE", "NOT_MEASURED", "NOT_RUN",
+#: Every verdict, in the order the report's legend and counts list them.
+VERDICTS = (REPRODUCED, BY_CONSTRUCTION, CONSISTENT_SMALL_SCALE, NOT_REPRODUCED, NOT_MEASURABLE,
+            NOT_MEASURED, NOT_RUN, NOT_IMPLEMENTED)
+
+
+__all__ = ["REPRODUCED", "BY_CONSTRUCTION", "CONSISTENT_SMALL_SCALE", "VERDICTS", "NOT_REPRODUCED", "NOT_MEASURABLE", "NOT_MEASURED", "NOT_RUN",
            "NOT_IMPLEMENTED", "Outcome", "EVALUATORS", "evaluates", "verdict"]
