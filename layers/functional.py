@@ -62,6 +62,7 @@ import weakref
 import torch
 from torch._subclasses.fake_tensor import is_fake
 from torch.autograd import function as autograd_function
+from torch.nn.modules._functions import BackwardHookFunction
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import distributed, ops
@@ -180,6 +181,27 @@ def _check_inplace_input(x, weight, eps, scale_mode):
         return _DeviceCheck(weight, eps)
     check_invertible_scale(weight, eps)
     return None
+
+
+def _runs_on_a_copy(x, weight, bias):
+    """Whether an in-place call must run on a copy of its input ``x`` to keep its gradients
+    right: where PyTorch itself wraps or traces ``x`` in a way that an in-place autograd
+    function breaks.
+
+    * Under ``torch.compile`` (a differentiable call): AOTAutograd mishandles the autograd of
+      an in-place autograd function whose input is a graph input that requires grad (the
+      compiled backward passes the incoming gradient on to that input unchanged). On a copy
+      made in the graph it is exact, as for a layer whose input is made in the same graph;
+      a compiled graph plans its own memory anyway.
+    * Under a full backward hook on the layer (``register_full_backward_hook``): the module's
+      input is then the output of torch's hook function, which refuses an in-place write.
+
+    The copy costs one pass over the input and keeps it: the call is then out of place.
+    """
+    if torch.compiler.is_compiling():
+        return torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, weight, bias))
+    return isinstance(x.grad_fn, BackwardHookFunction._backward_cls)
 
 
 def has_values(tensor):
@@ -590,13 +612,15 @@ def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True, poison
 
     ``channel`` is the per-channel state returned by :func:`normalize_activate_into`; ``x`` is
     only read in ``MODE_XHAT_FROM_X`` (pass ``None`` otherwise: ``v`` is recovered from ``z``).
-    ``dx`` is ``None`` unless ``input_grad``. It is written over ``dz`` where the caller owns
-    ``dz`` (``dz_owned``: nothing reads it afterwards, see :func:`owned_gradient`) or ``dz``
-    had to be copied into the kernels' layout; else it is a new tensor and ``dz`` is never
-    written. Reusing ``dz`` saves allocating (and, on the CPU, page-faulting in) a tensor the
-    size of the input. ``poison``: ``None`` or a ``(1,)`` bool device flag; where it is set every
-    gradient is NaN (a forward refused on the device left ``z`` unwritten), without a host
-    synchronisation.
+    ``dx`` is ``None`` unless ``input_grad``. It is written over ``dz`` only where ``dz`` is
+    provably this computation's own: the caller made it in the same backward and hands it
+    over (``dz_owned``, the shared-storage layers' recomputed convolution gradients), or
+    ``dz`` had to be copied into the kernels' layout here. An autograd function's incoming
+    gradient is never written: tensor hooks, module backward hooks, ``retain_grad`` and the
+    caller may hold it, through references that no use count shows at the time of the
+    backward, so its memory is not reused. ``poison``: ``None`` or a ``(1,)`` bool device
+    flag; where it is set every gradient is NaN (a forward refused on the device left ``z``
+    unwritten), without a host synchronisation.
     """
     layout = _layout(z) or "ncs"
     z_view, dz_view = _view(z, layout), _view(dz, layout)
@@ -647,26 +671,6 @@ def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True, poison
     return dx, dweight, dbias
 
 
-def owned_gradient(grad):
-    """Whether the incoming gradient ``grad`` of a backward is held by that backward alone, so
-    that its memory may take the outgoing gradient.
-
-    The autograd engine hands a backward the only reference to a gradient that the next
-    layer's backward created (a convolution's input gradient, say). It is not owned when
-    anything else may read it later: a gradient passed by the caller (``out.backward(grad)``),
-    one that an addition hands to several branches (the same tensor, referenced twice), a view
-    (a slice of ``torch.cat``'s gradient, whose base other slices share), or a graph being
-    built (``create_graph``) or compiled (where torch handles memory reuse itself). The test
-    needs no data, so a step on ``meta`` or fake tensors reuses memory as the real one does.
-    """
-    if torch.compiler.is_compiling() or grad.requires_grad or grad._base is not None:
-        return False
-    # One reference to the tensor (this backward's) and one to its storage: the tensor's
-    # (the storage object made to count them holds the other).
-    return (grad._use_count() == 1
-            and torch._C._storage_Use_Count(grad.untyped_storage()._cdata) == 2)
-
-
 # --------------------------------------------------------------------------- functions
 def once_differentiable(backward):
     """``torch.autograd.function.once_differentiable`` for a ``backward``, entering its
@@ -701,8 +705,7 @@ class _ABN(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dz):
         x, z, channel = ctx.saved_tensors
-        grads = normalize_activate_backward(z, dz, x, channel, ctx.spec, ctx.needs_input_grad[0],
-                                            dz_owned=owned_gradient(dz))
+        grads = normalize_activate_backward(z, dz, x, channel, ctx.spec, ctx.needs_input_grad[0])
         return grads + (None,) * 9
 
 
@@ -730,8 +733,7 @@ class _InPlaceABN(torch.autograd.Function):
             poison = ctx.check.flag  # not known on the host yet: read after this backward
             _settle_after_backward(ctx.check)
         grads = normalize_activate_backward(z, dz, None, channel, ctx.spec,
-                                            ctx.needs_input_grad[0], poison,
-                                            dz_owned=owned_gradient(dz))
+                                            ctx.needs_input_grad[0], poison)
         return grads + (None,) * 11
 
 
@@ -769,6 +771,8 @@ def inplace_abn(input, weight=None, bias=None, running_mean=None, running_var=No
     check_choice("scale_mode", scale_mode, SCALE_MODES)
     _check_input(input, weight, bias, running_mean, running_var, training, eps, momentum)
     check = _check_inplace_input(input, weight, eps, scale_mode)
+    if _runs_on_a_copy(input, weight, bias):
+        input = input.clone()
     return _InPlaceABN.apply(input, weight, bias, running_mean, running_var, training, momentum,
                              eps, act, slope, scale_mode, variant, group, check)
 

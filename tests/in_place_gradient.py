@@ -1,5 +1,6 @@
 """A spy on the ABN layers' backward: which calls wrote the outgoing gradient over the incoming
-one (:func:`layers.functional.owned_gradient`)."""
+one (only the shared-storage layers may, over a gradient they made themselves; see
+:func:`layers.functional.normalize_activate_backward`)."""
 import layers
 
 
