@@ -616,3 +616,52 @@ def test_real_brackets_say_at_which_scale_they_hold(artifacts, width, budget_mib
                          budget_mib=budget_mib, device=device))
     for cell, outcomes in capacity_verdicts(artifacts).items():
         assert outcomes[f"x-{device}"].verdict == held, cell
+
+
+# --------------------------------------------------------------------------- InPlace-ABN Table 1
+def imagenet_frame(top1, epochs=90, train_images=1_281_167):
+    """An ``iabn_table1_imagenet`` CSV: ResNeXt-101 STD-BN and INPLACE-ABN^sync at batch 256,
+    ``top1[point]`` at every evaluation."""
+    return pd.DataFrame([
+        {"point": point, "eval": evaluation, "model": "resnext101", "dataset": "imagenet",
+         "model_args": "{}", "epochs": epochs, "train_images": train_images, "batch": 256,
+         "world_size": 8, "params": 83_500_000, "top1_error_pct": 100 - accuracy,
+         "top5_error_pct": 6.0, "device": "cuda", "env_device_name": "a device"}
+        for point, accuracy in top1.items()
+        for evaluation in ("center224", "crops10_224", "center320")])
+
+
+@pytest.mark.parametrize("sync_top1, verdict", [
+    (76.4, claims.NOT_REPRODUCED), (76.6, claims.REPRODUCED), (77.7, claims.REPRODUCED)])
+def test_on_par_is_judged_on_imagenet_accuracy_at_the_papers_setting(artifacts, sync_top1,
+                                                                     verdict):
+    """INPLACE-ABN^sync at most 0.5 pp below STD-BN's 77.04% at the same batch."""
+    write(artifacts, "iabn_table1_imagenet", "paper-cuda", imagenet_frame(
+        {"resnext101_bn_256": 77.04, "resnext101_iabn_sync_256": sync_top1}))
+    outcome = _outcomes(artifacts, "iabn_trains_on_par")["paper-cuda"]
+    assert outcome.verdict == verdict
+    assert outcome.measured == f"77.04% (STD-BN) vs {sync_top1:.2f}% (INPLACE-ABN^sync), batch 256"
+
+
+def test_on_par_is_not_measured_by_a_small_run_or_by_the_parity_check(artifacts):
+    parity = pd.DataFrame([{"point": "parity_resnext101", "model": "resnext101", "step": s,
+                            "loss_std_bn": 2.0, "steps_within_rounding_inplace_abn": 100,
+                            "max_loss_rel_diff_inplace_abn": 1e-12,
+                            "steps_within_rounding_control": 100,
+                            "max_loss_rel_diff_control": 1e-12, "device": "cpu",
+                            "env_device_name": "a device"} for s in range(100)])
+    small = imagenet_frame({"resnext101_bn_256": 40.0, "resnext101_iabn_sync_256": 41.0},
+                           epochs=3, train_images=400)
+    write(artifacts, "iabn_table1_imagenet", "smoke-cpu", pd.concat([small, parity]))
+    alone = imagenet_frame({"resnext101_bn_256": 77.04})
+    write(artifacts, "iabn_table1_imagenet", "parity-cpu", pd.concat([alone, parity]))
+    on_par = _outcomes(artifacts, "iabn_trains_on_par")
+    assert on_par["smoke-cpu"].verdict == claims.NOT_MEASURED
+    assert "400 images" in on_par["smoke-cpu"].reason
+    assert on_par["parity-cpu"].verdict == claims.NOT_MEASURED
+    assert "iabn_float64_parity, is no accuracy" in on_par["parity-cpu"].reason
+    exactness = _outcomes(artifacts, "iabn_float64_parity")
+    assert {run: o.verdict for run, o in exactness.items()} == {
+        "smoke-cpu": claims.BY_CONSTRUCTION, "parity-cpu": claims.BY_CONSTRUCTION}
+    assert exactness["smoke-cpu"].reason.startswith("an exactness check of this "
+                                                    "implementation, not an accuracy")

@@ -5,14 +5,16 @@ when :mod:`experiments.report.claims` imports this module.
 A training claim is about the paper's recipe on the real data set: a run is at the claimed
 setting only if it trained the paper's network for the paper's epochs on the full training set
 (:data:`FULL_TRAIN_IMAGES`); otherwise the verdict is "not measured at the claimed setting" and
-the measured numbers are still shown. The parity claim is checked in its exact form, which
-holds at any scale and on any device.
+the measured numbers are still shown. "On par with STD-BN" is such a claim (Table 1's
+ResNeXt-101 at batch 256); the float64 parity of InPlace-ABN and STD-BN + activation is a row
+of its own, an exactness check of the implementation that holds by construction at any scale
+and on any device, and says nothing of accuracy.
 """
 import json
 
 from . import training
 from ..train import parity
-from .verdicts import NOT_MEASURED, Outcome, evaluates, verdict
+from .verdicts import BY_CONSTRUCTION, NOT_MEASURED, Outcome, evaluates, verdict
 
 #: Training images of the released data sets: a run on fewer (the generated smoke sets) is not
 #: at the papers' setting.
@@ -139,8 +141,34 @@ for _point in ("resnext101_bn_256", "resnext101_iabn_512", "resnext152_iabn_256"
     evaluates(f"iabn_table1_{_point}")(_table1_evaluator(_point))
 
 
+#: The ResNeXt-101 points of Table 1 that "on par" compares: the same batch, STD-BN and
+#: INPLACE-ABN^sync.
+ON_PAR_POINTS = {"std_bn_256": "resnext101_bn_256",
+                 "inplace_abn_sync_256": "resnext101_iabn_sync_256"}
+
+
 @evaluates("iabn_trains_on_par")
 def _trains_on_par(claim, frame):
+    rows = {key: _table1_row(frame, point) for key, point in ON_PAR_POINTS.items()}
+    criterion = (f"criterion: ResNeXt-101 INPLACE-ABN^sync's top-1 (224 centre) at most "
+                 f"{TOLERANCE_PP} pp below STD-BN's at the same batch, both at the paper's "
+                 "setting ('on par' bounds a loss of accuracy, not a gain)")
+    if any(row is None for row in rows.values()):
+        return Outcome("-", NOT_MEASURED, f"{criterion}; the run lacks "
+                       f"{' or '.join(ON_PAR_POINTS.values())} (the float64 exactness check, "
+                       "iabn_float64_parity, is no accuracy)")
+    top1 = {key: row["center224_top1"] for key, row in rows.items()}
+    measured = (f"{top1['std_bn_256']:.2f}% (STD-BN) vs {top1['inplace_abn_sync_256']:.2f}% "
+                "(INPLACE-ABN^sync), batch 256")
+    ok, why = _at_setting(frame[frame["point"].isin(ON_PAR_POINTS.values())], 90)
+    if not ok:
+        return Outcome(measured, NOT_MEASURED, f"{criterion}; {why}")
+    return Outcome(measured, verdict(top1["inplace_abn_sync_256"]
+                                     >= top1["std_bn_256"] - TOLERANCE_PP), criterion)
+
+
+@evaluates("iabn_float64_parity")
+def _float64_parity(claim, frame):
     table = training.parity(frame)
     if table.empty:
         return Outcome("-", NOT_MEASURED, "the run has no parity point")
@@ -155,9 +183,10 @@ def _trains_on_par(claim, frame):
         return Outcome(measured, NOT_MEASURED, f"fewer than {PARITY_MIN_STEPS} steps")
     good = all(parity.keeps_pace(r.steps_within_rounding_inplace_abn,
                                  r.steps_within_rounding_control) for r in table.itertuples())
-    return Outcome(measured, verdict(good), (
-        f"criterion: for every model, InPlace-ABN's loss stays within a relative "
-        f"{parity.ROUNDING:g} of STD-BN's for as many steps (less one) as STD-BN's own from "
-        f"weights perturbed by {parity.CONTROL_PERTURBATION:g} (the rounding control: beyond "
-        "that the training amplifies rounding errors whatever the implementation); the "
-        "papers' ImageNet accuracies are the other claims"))
+    return Outcome(measured, verdict(good, BY_CONSTRUCTION), (
+        f"an exactness check of this implementation, not an accuracy: for every model, "
+        f"InPlace-ABN's loss stays within a relative {parity.ROUNDING:g} of STD-BN's for as "
+        f"many steps (less one) as STD-BN's own from weights perturbed by "
+        f"{parity.CONTROL_PERTURBATION:g} (the rounding control: beyond that the training "
+        "amplifies rounding errors whatever the implementation, so a model whose control "
+        "diverges within a few steps checks only those steps)"))
