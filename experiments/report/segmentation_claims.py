@@ -7,7 +7,9 @@ batch compilation (crops x crop size over all GPUs and, beside STD-BN, the brack
 minibatch over the STD-BN row of the same body and data set) and its mIoU; a bottom row
 (``iabn_table2_bottom_<point>``) a tuned WideResNet-38 + INPLACE-ABN sync network's mIoU; the
 two test-set rows (``iabn_table2_cityscapes_test``, ``iabn_table2_vistas_test``) are scored by
-the benchmark servers and are "not run". ``iabn_segmentation_miou`` is the headline (ResNeXt-101
+the benchmark servers and are "not run"; the orderings the paper concludes from (more data,
+resolution over crops, sync, class-uniform sampling, fewer but larger crops:
+``iabn_table2_order_*``, :data:`ORDERINGS`) are claims of their own. ``iabn_segmentation_miou`` is the headline (ResNeXt-101
 on Cityscapes, STD-BN -> INPLACE-ABN FIXED BATCH).
 
 As for the other training claims (:mod:`.training_claims`), a run is at the claimed setting
@@ -35,9 +37,11 @@ FULL_SHARE = 0.95
 EPOCHS = {"cityscapes": 360, "cocostuff": 30, "vistas": 90}
 #: The online bootstrapping of the paper's loss ("setting p = 1.0 and m = 25%").
 BOOTSTRAPPING = {"bootstrap_p": 1.0, "bootstrap_m": 0.25}
-#: mIoU points a measured mIoU may differ from the paper's (the run-to-run spread of these
-#: trainings is several tenths of a point).
-MIOU_TOLERANCE_PP = 1.0
+#: mIoU points a measured mIoU may differ from the paper's, either side: the classification
+#: trainings' tolerance (:data:`.training_claims.TOLERANCE_PP`, their run-to-run spread). The
+#: paper's conclusions rest on finer differences (class-uniform sampling +0.24, sync +0.54):
+#: those are judged as orderings (:data:`ORDERINGS`), not by a cell's tolerance.
+MIOU_TOLERANCE_PP = 0.5
 #: Percentage points a measured bracket may differ from the paper's, either side (here and in
 #: the capacity experiment's brackets, :data:`.claims.CAPACITY_CLAIMS`): half the smallest gap
 #: between two of Table 2's brackets of one mode (FIXED CROP +50% vs +40%), so a bracket within
@@ -175,15 +179,50 @@ def _bottom_evaluator(point, evaluation):
             ok, why = False, f"trained {ours} (the paper: {paper})"
         if not ok:
             return Outcome(measured, NOT_MEASURED, why)
-        return Outcome(measured, verdict(abs(row["miou_pct"] - value["miou_pct"])
-                                         <= MIOU_TOLERANCE_PP),
-                       f"criterion: {evaluation} mIoU within {MIOU_TOLERANCE_PP:g} point(s) of "
-                       f"the paper's {value['miou_pct']:.2f}%")
+        good = abs(row["miou_pct"] - value["miou_pct"]) <= MIOU_TOLERANCE_PP
+        criterion = (f"criterion: {evaluation} mIoU within {MIOU_TOLERANCE_PP:g} point(s) of "
+                     f"the paper's {value['miou_pct']:.2f}%")
+        if "above_miou_pct" in claim:
+            good = good and row["miou_pct"] > claim["above_miou_pct"]
+            criterion += f" and above the paper's {claim['above_miou_pct']:.2f}% without it"
+        return Outcome(measured, verdict(good), criterion)
     return evaluate
 
 
 for _point, _evaluation in BOTTOM_POINTS.items():
     evaluates(f"iabn_table2_{_point}")(_bottom_evaluator(_point, _evaluation))
+
+
+#: The orderings of Table 2 that the paper draws conclusions from, each a claim of its own
+#: whose ``pairs`` are ``[higher point, lower point]`` in mIoU as the paper's table has them.
+ORDERINGS = ("iabn_table2_order_more_data", "iabn_table2_order_resolution_over_crops",
+             "iabn_table2_order_sync", "iabn_table2_order_class_uniform",
+             "iabn_table2_order_fewer_larger_crops")
+
+
+def _ordering(claim, frame):
+    """An ordering of Table 2: in every pair the first point's single-scale mIoU above the
+    second's, every point trained at the paper's setting."""
+    rows = {point: _point_row(frame, point) for pair in claim["pairs"] for point in pair}
+    missing = sorted(point for point, row in rows.items() if row is None)
+    if missing:
+        return Outcome("-", NOT_MEASURED, f"the run has no {', '.join(missing)} point")
+    gaps = [(high, low, rows[high]["miou_pct"] - rows[low]["miou_pct"])
+            for high, low in claim["pairs"]]
+    measured = "; ".join(f"{high} {rows[high]['miou_pct']:.2f} vs {low} "
+                         f"{rows[low]['miou_pct']:.2f} ({gap:+.2f})" for high, low, gap in gaps)
+    for row in rows.values():
+        ok, why = _at_setting(row)
+        if not ok:
+            return Outcome(measured, NOT_MEASURED, why)
+    return Outcome(measured, verdict(all(gap > 0 for _, _, gap in gaps)),
+                   f"criterion: in each of the {len(gaps)} pair(s), the first point's "
+                   "single-scale mIoU above the second's, as in the paper's table (an order "
+                   "is a bound: how far above is the cells' own criterion)")
+
+
+for _claim_id in ORDERINGS:
+    evaluates(_claim_id)(_ordering)
 
 
 def _test_evaluator(claim_id):
@@ -230,5 +269,5 @@ def _segmentation_miou(claim, frame):
 
 
 __all__ = ["BOOTSTRAPPING", "FULL_TRAIN_IMAGES", "FULL_SHARE", "EPOCHS", "MIOU_TOLERANCE_PP",
-           "BRACKET_TOLERANCE_PP", "TOP_BODIES", "TOP_DATASETS", "TOP_CONFIGS", "BOTTOM_POINTS",
+           "BRACKET_TOLERANCE_PP", "ORDERINGS", "TOP_BODIES", "TOP_DATASETS", "TOP_CONFIGS", "BOTTOM_POINTS",
            "TEST_ROWS"]
