@@ -157,6 +157,26 @@ def test_report_lists_every_claim_and_is_written_atomically(artifacts, tmp_path)
     assert f"**{claims.NOT_IMPLEMENTED}**" in text  # in the legend at least
 
 
+def test_report_counts_the_verdicts_of_each_paper_at_the_top(artifacts):
+    write(artifacts, "iabn_table1_timing", "smoke-cpu", iabn_frame("cpu", GOOD))
+    text = claims.report(artifacts)
+    counts = text.split("\n## ")[0]
+    assert ("| paper | reproduced | holds by construction | consistent at small scale | not "
+            "reproduced | not measurable on this device | not measured at the claimed setting "
+            "| not run | not implemented | rows |") in counts
+    for paper in ("Pleiss et al. 2017", "Rota Bulò et al. 2018"):
+        got = [verdict for (claim_id, _), verdict in verdicts(artifacts).items()
+               if next(c for c in claims.load_claims(artifacts)
+                       if c["id"] == claim_id)["paper"].startswith(paper)]
+        row = " | ".join(str(got.count(v)) for v in claims.VERDICTS)
+        assert f"{paper}" in counts and f" | {row} | {len(got)} |" in counts, paper
+    # The timing run's two accounting claims hold by construction, three GPU timings are not
+    # measurable on its CPU.
+    assert "| 0 | 2 | 0 | 0 | 3 |" in counts
+    for verdict in claims.VERDICTS:
+        assert f"**{verdict}**: " in counts, verdict
+
+
 # --------------------------------------------------------------------------- DenseNet Figs. 4, 5
 MIB = 2 ** 20
 DEPTHS = (40, 64, 88, 112, 136, 160)

@@ -6,13 +6,22 @@ The claims are the entries of ``artifacts/paper/*.yaml`` (the papers' numbers, w
 sources); each names the experiment that measures it. For every run of that experiment found
 under ``--artifacts`` (an aggregated ``<experiment>.<run>.csv``), the claim's evaluator - one
 function per claim, registered with :func:`evaluates` - reads the CSV and returns what was
-measured, a verdict and its reason. Verdicts:
+measured, a verdict and its reason (the criterion). The report opens with the count of each
+verdict per paper. Verdicts:
 
-* ``reproduced`` / ``not reproduced``: the evaluator's stated criterion holds / fails;
+* ``reproduced`` / ``not reproduced``: the evaluator's stated criterion holds / fails; a
+  criterion is two-sided wherever the paper gives a number or a factor, one-sided only where
+  it states a bound or an order;
+* ``holds by construction``: the criterion holds, and what it counts is the method's own
+  accounting (the buffers it keeps), the same on every device, not a measurement of the
+  paper's hardware;
+* ``consistent at small scale``: the criterion holds in a scaled-down run (narrow bodies, a
+  small memory budget), which is consistent with the claim but does not reproduce it;
 * ``not measurable on this device``: the claim is about hardware or software the run did not
   use (e.g. GPU timings measured on a CPU); the measured numbers are still shown;
 * ``not measured at the claimed setting``: the run did not measure the claim's setting (e.g. a
-  depth it names, or a memory budget); what it did measure is shown;
+  depth it names, a memory budget, or the paper's LuaTorch: :data:`LUATORCH_RULE`); what it
+  did measure is shown;
 * ``not run``: the experiment exists (its module ``experiments/<id>.py``) but no run of it has
   results yet;
 * ``not implemented``: the experiment has no module yet (so no rule: an experiment is a module
@@ -791,8 +800,8 @@ def report(artifacts):
              "`artifacts/paper/`; each run is `<profile>-<device>`.", "",
              "Verdicts, one per claim and run, counted per paper:", "",
              *verdict_counts([(claim["paper"], outcome) for claim, _, _, outcome in rows]), "",
-             "; ".join(f"**{v}**: {LEGEND[v]}" for v in VERDICTS) + ". Each row's \"why\" "
-             "quotes the criterion its verdict applies."]
+             "; ".join(f"**{v}**: {LEGEND[v]}" for v in VERDICTS) + ". A judged row's \"why\" "
+             "states the criterion it was judged by."]
     header = ["claim", "the paper says", "source", "run", "device", "measured", "verdict",
               "why"]
     for paper in dict.fromkeys(c["paper"] for c in claims):
