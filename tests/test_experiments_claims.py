@@ -304,7 +304,7 @@ def test_densenet_500_layers_is_a_band_around_the_papers_limit_on_a_gpu(artifact
           fig4_frame("cuda", PAPER_LIKE, depths, out_of_memory={("shared", fails)}))
     outcome = _outcomes(artifacts, "densenet_pytorch_500_layers")["paper-cuda"]
     assert outcome.verdict == verdict
-    assert "bracketed by the measured depths" in outcome.reason
+    assert "settled by the measured depths" in outcome.reason
 
 
 @pytest.mark.parametrize("peak_gib_at, verdict", [
@@ -483,6 +483,11 @@ def test_a_capped_simulated_search_is_extended_by_the_fit_over_depth(artifacts,
     outcome = _outcomes(artifacts, "densenet_pytorch_500_layers")["smoke-cpu"]
     assert outcome.verdict == verdict
     assert "least-squares quadratic" in outcome.reason
+    limit = {420: 418, 500: 496, 800: 796}[reaches_budget_at]
+    assert outcome.measured.startswith(
+        "simulated tensor memory, batch 64, 12 GiB: shared storage fits at least 400 layers "
+        f"(160.0M parameters, 1.00 GiB); the fit of its peaks over depth meets the budget at "
+        f"{limit} layers")
 
 
 @pytest.mark.parametrize("naive", [(160, False, 166), (268, False, 274), (1000, True, None)])

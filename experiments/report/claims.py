@@ -245,8 +245,8 @@ def _growth_order(claim, frame):
 #: workspaces and so fits a little deeper than the paper's GPU. A limit outside the band is a
 #: memory model unlike the paper's, whichever side it falls.
 NEARLY_BAND = 0.1
-#: How a depth limit was found: bracketed by measured depths, or by the memory model's fit.
-BRACKETED = "bracketed by the measured depths"
+#: How a depth limit was judged: by the measured depths alone, or by the memory model's fit.
+SETTLED = "settled by the measured depths (the deepest that fitted, the first that did not)"
 
 
 def _depth_band(claim):
@@ -277,9 +277,9 @@ def _judge_limit(claim, fits, fails, estimate):
     at_least = fits or 0
     at_most = float("inf") if fails is None else fails - analysis.DEPTH_STEP
     if at_most < low or at_least > high:
-        return NOT_REPRODUCED, BRACKETED
+        return NOT_REPRODUCED, SETTLED
     if at_least >= low and at_most <= high:
-        return REPRODUCED, BRACKETED
+        return REPRODUCED, SETTLED
     bracket = f"{at_least}-{at_most}" if fails is not None else f"{at_least} or more"
     if estimate is None:
         return NOT_MEASURED, (f"the measured depths put the limit at {bracket} layers, across "
@@ -333,7 +333,7 @@ def _deepest_that_fits(claim, frame):
                                         limit * GIB)
     outcome, how = _judge_limit(claim, _optional_depth(shared), _optional_depth(first_out),
                                 estimate)
-    if how != BRACKETED:
+    if how != SETTLED:
         how += " (each depth's peak: a step's allocation above the memory held before it)"
     return Outcome(measured, outcome, f"{_limit_criterion(claim, f'{limit:.1f}')}; {how}")
 
@@ -355,8 +355,8 @@ def _deepest_simulated(claim, simulated, frame):
                 f"storage fits {deepest(row)}"
                 + ("" if pd.isna(row["depth"]) else
                    f" ({row['param_count'] / 1e6:.1f}M parameters, {row['peak_gib']:.2f} GiB)")
-                + "; " + ", ".join(f"{impl} {deepest(r)}" for impl, r in simulated.iterrows()
-                                   if impl != "shared"))
+                + "".join(f"; {impl} {deepest(r)}" for impl, r in simulated.iterrows()
+                          if impl != "shared"))
     budget = claim["budget_gib"]
     if row["budget_gib"] > budget * (1 + 1e-6):
         return Outcome(measured, NOT_MEASURED, f"the simulated budget is {row['budget_gib']:g} "
