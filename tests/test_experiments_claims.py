@@ -690,3 +690,7 @@ def test_on_par_is_not_measured_by_a_small_run_or_by_the_parity_check(artifacts)
         "smoke-cpu": claims.BY_CONSTRUCTION, "parity-cpu": claims.BY_CONSTRUCTION}
     assert exactness["smoke-cpu"].reason.startswith("an exactness check of this "
                                                     "implementation, not an accuracy")
+    diverged = parity.assign(steps_within_rounding_inplace_abn=3)
+    write(artifacts, "iabn_table1_imagenet", "diverged-cpu", pd.concat([alone, diverged]))
+    assert _outcomes(artifacts, "iabn_float64_parity")["diverged-cpu"].verdict == (
+        claims.NOT_REPRODUCED)

@@ -435,3 +435,16 @@ def test_orderings_need_their_points_at_the_papers_setting(artifacts):
     assert smoke.verdict == claims.NOT_MEASURED
     assert smoke.measured.startswith("resnext101_cityscapes_iabn_sync_fixed_batch 77.58 vs "
                                      "resnext101_cityscapes_iabn_fixed_batch 77.04 (+0.54)")
+
+
+@pytest.mark.parametrize("crop_size, verdict", [
+    (656, claims.NOT_REPRODUCED), (664, claims.REPRODUCED), (680, claims.REPRODUCED),
+    (688, claims.NOT_REPRODUCED)])
+def test_a_cells_bracket_is_within_5_points_either_side(artifacts, crop_size, verdict):
+    """FIXED BATCH 16 x 672^2 is the paper's +72%: 664^2 (+68%) and 680^2 (+76%) are within
+    5 pp of it, 656^2 (+64%) and 688^2 (+81%) are not."""
+    point = "resnext101_cityscapes_iabn_fixed_batch"
+    write(artifacts, "paper-cuda", seg_frame(full=True, crops={point: (16, crop_size)}))
+    outcome = outcomes(artifacts)[(f"iabn_table2_{point}", "paper-cuda")]
+    assert outcome.verdict == verdict
+    assert "the bracket within 5 pp of the paper's +72%" in outcome.reason
