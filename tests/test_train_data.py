@@ -18,6 +18,7 @@ from PIL import Image
 from experiments.train.data import (CIFAR, DatasetLayoutError, ImageNet, ShardSampler,
                                     cifar_eval, cifar_train, generate_cifar, generate_imagenet,
                                     imagenet_eval, imagenet_train, make_loader)
+from experiments.records.ownership import MARKER
 from experiments.train.data import generate as gen
 from experiments.train.data.transforms import (EVAL_SETTINGS, IMAGENET_EIGVAL, IMAGENET_EIGVEC,
                                                IMAGENET_MEAN, IMAGENET_STD, ColorJitter,
@@ -450,7 +451,8 @@ def test_generators_are_deterministic_and_atomic(tmp_path, monkeypatch):
     a, b, c = (_tree_bytes(tmp_path / n) for n in "abc")
     assert a == b and a.keys() == c.keys() and a != c
     assert sorted(k for k in a if "/" in k and not k.startswith("imagenet")) == [
-        "cifar-100-python/meta", "cifar-100-python/test", "cifar-100-python/train"]
+        f"cifar-100-python/{MARKER}", "cifar-100-python/meta", "cifar-100-python/test",
+        "cifar-100-python/train"]  # the released files, and the marker of a generated tree
 
     with pytest.raises(FileExistsError, match="overwrite"):
         generate_cifar(tmp_path / "a", "cifar100", 1, 1)

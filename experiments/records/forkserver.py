@@ -381,9 +381,11 @@ def start(preload, log_path):
     the server's ``Popen``; if the server does not come up, warns and returns ``None`` (the
     jobs then start fresh processes)."""
     import atexit
-    import shutil
 
-    directory = tempfile.mkdtemp(prefix="experiments-forkserver-")
+    from .ownership import mark, remove
+
+    # Marked, so that stopping removes this folder and nothing else (ownership.remove).
+    directory = mark(tempfile.mkdtemp(prefix="experiments-forkserver-"), __name__)
     path = os.path.join(directory, "socket")
     os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
     with open(log_path, "w") as log:
@@ -398,7 +400,7 @@ def start(preload, log_path):
                 server.wait(timeout=TERMINATE_GRACE_S)
             except subprocess.TimeoutExpired:
                 server.kill()
-        shutil.rmtree(directory, ignore_errors=True)
+        remove(directory)
 
     atexit.register(stop)
     deadline = time.monotonic() + START_TIMEOUT_S

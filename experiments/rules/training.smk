@@ -18,13 +18,13 @@ DATASETS = config["datasets"]
 
 
 def dataset_root(name):
-    """The data set's root; a generated one is this pipeline's output, so a dependency."""
+    """The data set's root (a folder of the user's, or one the generate rule fills)."""
     return DATASETS[name]["root"]
 
 
 def dataset_inputs(name):
-    """What a point training on ``name`` waits for: the generated data set, if any."""
-    return [dataset_root(name)] if DATASETS[name]["generate"] else []
+    """What a point training on ``name`` waits for: the generated data set's stamp, if any."""
+    return [plan.generated_stamp(dataset_root(name))] if DATASETS[name]["generate"] else []
 
 
 for _name, _spec in DATASETS.items():
@@ -34,20 +34,23 @@ for _name, _spec in DATASETS.items():
     rule:
         """A small, learnable data set in the released on-disk format (CIFAR python batches,
         an ImageNet ImageFolder tree of JPEGs, Cityscapes, COCO-Stuff and Vistas trees),
-        written whole or not at all."""
+        written whole or not at all. The output is the generator's stamp, never the root
+        itself: Snakemake deletes a job's outputs before running it, and the root may name a
+        folder of the user's. --overwrite replaces only a tree the generator made (it holds
+        its marker); a root holding anything else stops the job with an error naming it."""
         name:
             f"generate_{_name}"
         input:
             code=code("experiments.train.data.generate"),
         output:
-            directory(_spec["root"]),
+            plan.generated_stamp(_spec["root"]),
         log:
             f"artifacts/logs/data/{_name}.log",
         params:
             command=plan.generate_command(_name, _spec["generate"], _spec["root"],
                                           PYTHON_M_WORDS),
         shell:
-            "{params.command} > {log} 2>&1"
+            "{params.command} --overwrite > {log} 2>&1"
 
 
 TRAINING = {experiment: {name: {**spec, "device": DEVICE}

@@ -193,13 +193,16 @@ def _dataset_summary(dataset):
 
 
 def fingerprint(*, model, train_set, eval_sets, recipe, seed, world_size, criterion, eval_every,
-                train_sampler=None):
+                train_sampler=None, options=None):
     """The configuration a checkpoint must match to be resumed: the recipe, seed, world size,
     the model's class and state-dict layout, the criterion's class, the data sets' classes and
-    lengths, the training sampler's name, and the evaluations (kind, metrics, schedule).
-    (Devices, worker counts and paths are not part of it: a run may resume on another
-    machine.)"""
+    lengths, the training sampler's name, the evaluations (kind, metrics, schedule), and the
+    caller's ``options`` (``{name: value}``, kept at the top level under their own names: what
+    changes the results and the engine cannot see, such as a data set's transforms, the norm
+    layers, the thread count; see the training points). Worker counts and paths are not part
+    of it: they change no result, and a run may resume from another folder."""
     return _jsonable({
+        **(options or {}),
         "recipe": dataclasses.asdict(recipe),
         "seed": seed,
         "world_size": world_size,
@@ -295,7 +298,7 @@ def _check_arguments(model, train_set, eval_sets, recipe, seed, workers, eval_ev
 
 
 def train(*, model, train_set, eval_sets, recipe, run_dir, metrics_csv, seed, workers, device,
-          desc, criterion=None, eval_every=1, train_sampler=None):
+          desc, criterion=None, eval_every=1, train_sampler=None, options=None):
     """Train ``model`` on ``train_set`` by ``recipe``, evaluating on ``eval_sets``; see the
     module docstring for distribution, checkpoints, resumption and the metrics CSV.
 
@@ -306,7 +309,9 @@ def train(*, model, train_set, eval_sets, recipe, run_dir, metrics_csv, seed, wo
     loss fits (segmentation: per-pixel targets). ``train_sampler`` replaces the shuffling
     ``DistributedSampler`` of the training loader: a callable ``(num_replicas, rank, seed) ->
     Sampler`` with ``set_epoch`` (e.g. class-uniform sampling; :func:`.data.loaders.make_loader`).
-    Evaluation runs every ``eval_every`` epochs and after the last.
+    Evaluation runs every ``eval_every`` epochs and after the last. ``options`` (``{name:
+    value}``) join the checkpoint's fingerprint (:func:`fingerprint`): a resume with another
+    value of one is refused, naming it.
     A fresh run seeds the process RNGs from ``(seed, rank)``; build the model under a fixed seed
     before calling for a reproducible initialisation (DDP copies rank 0's weights to every rank).
 
@@ -324,13 +329,13 @@ def train(*, model, train_set, eval_sets, recipe, run_dir, metrics_csv, seed, wo
         return _train(ctx, model=model, train_set=train_set, eval_sets=eval_sets, recipe=recipe,
                       run_dir=Path(run_dir), metrics_csv=Path(metrics_csv), seed=seed,
                       workers=workers, desc=desc, criterion=criterion, eval_every=eval_every,
-                      train_sampler=train_sampler)
+                      train_sampler=train_sampler, options=options)
     finally:
         distributed.teardown(ctx)
 
 
 def _train(ctx, *, model, train_set, eval_sets, recipe, run_dir, metrics_csv, seed, workers,
-           desc, criterion, eval_every, train_sampler):
+           desc, criterion, eval_every, train_sampler, options):
     device = ctx.device
     per_rank = distributed.per_rank_batch(recipe.batch_size, ctx.world_size)
     model.to(device)
@@ -353,7 +358,7 @@ def _train(ctx, *, model, train_set, eval_sets, recipe, run_dir, metrics_csv, se
 
     fp = fingerprint(model=model, train_set=train_set, eval_sets=eval_sets, recipe=recipe,
                      seed=seed, world_size=ctx.world_size, criterion=criterion,
-                     eval_every=eval_every, train_sampler=train_sampler)
+                     eval_every=eval_every, train_sampler=train_sampler, options=options)
     ckpt_path = run_dir / CHECKPOINT_NAME
     rows, final, start_epoch = [], {}, 0
     if distributed.broadcast_object(ckpt_path.exists()):

@@ -10,11 +10,19 @@ the ``python_m`` argument), ``python -m experiments.train.launch --standalone
 --nproc-per-node N -m experiments.<id> ...`` for ``nproc`` ranks on the CPU (``torchrun``'s
 options and agent, the ranks forked from a launcher that imported the module once:
 :mod:`.launch`), ``torchrun --standalone --nproc-per-node N -m ...`` on CUDA.
-:func:`generate_command` is the command of a generated data set.
+:func:`generate_command` is the command of a generated data set, and :func:`generated_stamp`
+the file that says it was generated (the generate rule's output).
 """
 import shlex
 
 from ..records.forkserver import PYTHON_M  # the Snakefile may pass the fork server's client
+
+#: The file the generator writes into its ``--out`` folder once the data set is complete: the
+#: generate rule's output. Not the data set's folder (Snakemake deletes a job's outputs before
+#: it runs the job, so a profile's root naming a user's folder would be emptied) and not the
+#: ownership marker inside the tree (deleted by Snakemake before a rerun, it could no longer
+#: prove the old tree generated, and the rerun would have to refuse to replace it).
+GENERATED_STAMP = ".generated.json"
 
 
 def point_specs(section):
@@ -71,6 +79,11 @@ def arguments(spec, data_root):
     return [str(a) for a in args]
 
 
+def generated_stamp(root):
+    """``<root>/.generated.json``: the stamp of the data set generated at ``root``."""
+    return f"{root}/{GENERATED_STAMP}"
+
+
 def generate_command(dataset, spec, out, python_m=PYTHON_M):
     """The command that generates ``dataset`` at ``out`` from its profile's ``generate``
     mapping: each key becomes an option (``train_per_class: 100`` -> ``--train-per-class
@@ -98,5 +111,6 @@ def command(experiment, spec, data_root, outputs, python_m=PYTHON_M):
                             arguments(spec, data_root), outputs, python_m)
 
 
-__all__ = ["point_specs", "model_arg_options", "launcher", "arguments", "generate_command",
+__all__ = ["GENERATED_STAMP", "point_specs", "model_arg_options", "launcher", "arguments",
+           "generated_stamp", "generate_command",
            "training_command", "command"]

@@ -12,22 +12,29 @@ ranks). Its outputs:
 - ``--weights``: the trained model's state dict (``torch.load(..., weights_only=True)``), the
   input of later experiments (segmentation bodies start from these);
 - ``--work-dir``: the resumable checkpoint of an unfinished run. A killed point resumes from
-  it when started again with the same options; it is removed once the point's artifacts are
-  written, so a rerun after a finished run trains from scratch.
+  it when started again with the same options (a rerun with other options that change the
+  results is refused, naming them: :func:`resume_options`); it is removed once the point's
+  artifacts are written, so a rerun after a finished run trains from scratch. The point
+  creates it and marks it as its own (:mod:`experiments.records.ownership`); an existing
+  folder that holds other files is refused before anything is written, and only what the
+  point created is removed (an empty folder it was given stays).
+
+``--verify-data`` decodes every image before training. Bad data and an unusable checkpoint
+end the command with one line naming the file (:data:`USER_ERRORS`).
 
 Only rank 0 writes files; every file is written to a temporary name and renamed.
 """
 import json
 import os
-import shutil
+import sys
 from pathlib import Path
 
 import torch
 
-from ..records import point
+from ..records import ownership, point
 from ..records.atomic import atomic_path
-from . import engine
-from .data import cifar, imagenet, transforms
+from . import checkpoint, engine
+from .data import DatasetLayoutError, cifar, imagenet, transforms
 from .models import BUILDERS, build_model, parameter_count
 
 DATASETS = ("cifar10", "cifar100", "imagenet")
@@ -95,6 +102,7 @@ def parser(experiment, description, *, model=None, datasets=DATASETS):
                       help="ImageNet evaluations (repeatable; default: Table 1's "
                            "center224=center:256:224 crops10_224=ten_crop:256:224 "
                            "center320=center:320:320)")
+    add_verify_option(data)
     net = add_model_options(p, model)
     net.add_argument("--norm", choices=NORMS, default="bn")
     recipe = p.add_argument_group("recipe")
@@ -113,6 +121,22 @@ def parser(experiment, description, *, model=None, datasets=DATASETS):
     return p
 
 
+def add_verify_option(group):
+    """``--verify-data`` in ``group``: decode the whole data set before training."""
+    group.add_argument("--verify-data", action="store_true",
+                       help="decode every image (and label map) of the splits the point reads "
+                            "before training, so a corrupt file stops it at once (slow for a "
+                            "large tree; without it images are decoded when first read)")
+
+
+def verify_data(datasets):
+    """Decode each of ``datasets`` that can be decoded ahead (CIFAR's pickles are decoded
+    whole when they are loaded, so they have no ``verify``)."""
+    for dataset in datasets:
+        if hasattr(dataset, "verify"):
+            dataset.verify()
+
+
 def add_output_options(p):
     """A training point's outputs besides ``--out``: ``--epochs-csv``, ``--weights``,
     ``--work-dir``."""
@@ -120,7 +144,28 @@ def add_output_options(p):
     out.add_argument("--epochs-csv", type=Path, required=True, help="per-epoch metrics (CSV)")
     out.add_argument("--weights", type=Path, required=True, help="trained state dict (.pt)")
     out.add_argument("--work-dir", type=Path, required=True,
-                     help="resumable checkpoint of an unfinished run")
+                     help="resumable checkpoint of an unfinished run: a new or empty folder, "
+                          "or one an earlier run of the point created (removed when the point "
+                          "finishes)")
+
+
+def check_work_dir(p, args):
+    """Refuse (exit status 2) a ``--work-dir`` that holds files the point did not create."""
+    try:
+        ownership.check_claimable(args.work_dir, "--work-dir")
+    except ownership.NotOwnedError as error:
+        p.error(str(error))
+
+
+def claim_work_dir(args):
+    """Create and mark ``--work-dir`` (rank 0) before training writes into it."""
+    if _is_rank_zero():
+        ownership.claim(args.work_dir, "experiments.train", "--work-dir")
+
+
+def release_work_dir(args):
+    """Remove ``--work-dir`` once the artifacts are written: what the point created only."""
+    ownership.remove(args.work_dir, own=(engine.CHECKPOINT_NAME,))
 
 
 def check(p, args):
@@ -138,6 +183,7 @@ def check(p, args):
         p.error(f"--eval: names {names} must be unique")
     if not args.data.exists():
         p.error(f"--data {args.data}: no such directory (see --help for the expected layout)")
+    check_work_dir(p, args)
     return args
 
 
@@ -155,6 +201,23 @@ def datasets(args):
     train = cifar.CIFAR(args.data, args.dataset, True, transforms.cifar_train(args.dataset))
     test = cifar.CIFAR(args.data, args.dataset, False, transforms.cifar_eval(args.dataset))
     return train, {"test": engine.EvalSet(test)}, len(train.classes)
+
+
+def resume_options(args):
+    """The options a resume must match beyond what the engine's fingerprint holds (recipe,
+    seed, model layout, data set lengths), by their command-line names: ``--dataset``,
+    ``--model``, ``--model-arg`` and ``--norm`` (``bn`` and ``iabn`` share one state-dict
+    layout), ``--device``, ``--dtype`` and ``--threads`` (another thread count sums in
+    another order, so gradients differ), and ImageNet's ``--resize``, ``--crop`` and
+    ``--eval`` (CIFAR ignores them). Paths, ``--workers`` (batches do not depend on it) and
+    the outputs change no result and are left out."""
+    options = {"--dataset": args.dataset, "--model": args.model,
+               "--model-arg": dict(args.model_args), "--norm": args.norm,
+               "--device": args.device, "--dtype": args.dtype, "--threads": args.threads}
+    if args.dataset == "imagenet":
+        options.update({"--resize": args.resize, "--crop": args.crop,
+                        "--eval": [list(ev) for ev in args.evals]})
+    return options
 
 
 def recipe(args):
@@ -197,12 +260,16 @@ def run(args, experiment):
     device, dtype = point.setup(args)
     model_args = dict(args.model_args)
     train_set, eval_sets, num_classes = datasets(args)
+    if args.verify_data:  # the evaluations share one split's files
+        verify_data([train_set, next(iter(eval_sets.values())).dataset])
     model = build_model(args.model, norm=args.norm, num_classes=num_classes, **model_args)
     model = model.to(device=device, dtype=dtype)
+    claim_work_dir(args)
     report = engine.train(model=model, train_set=train_set, eval_sets=eval_sets,
                           recipe=recipe(args), run_dir=args.work_dir,
                           metrics_csv=args.epochs_csv, seed=args.seed, workers=args.workers,
-                          device=args.device, desc=f"{experiment} {args.out.stem}")
+                          device=args.device, desc=f"{experiment} {args.out.stem}",
+                          options=resume_options(args))
     if not _is_rank_zero():
         return report
     evals = evaluations(args)
@@ -218,18 +285,33 @@ def run(args, experiment):
     with atomic_path(args.weights) as tmp:
         torch.save(model.state_dict(), tmp)
     point.write(args, experiment, configuration(args, model_args), results)
-    shutil.rmtree(args.work_dir, ignore_errors=True)
+    release_work_dir(args)
     print(f"wrote {args.out}, {args.epochs_csv}, {args.weights}")
     return report
+
+
+#: What ends a point with its message alone (:func:`exit_with_message`): bad data and an unusable
+#: checkpoint are the user's to fix, from a message that names the file; a traceback buries it.
+USER_ERRORS = (DatasetLayoutError, checkpoint.CheckpointError)
+
+
+def exit_with_message(p, error):
+    """End the command with ``error``'s message, one line, exit status 1."""
+    sys.exit(f"{p.prog}: error: {error}")
 
 
 def main(experiment, description, argv=None, **parser_options):
     """Parse, check and run a training point of ``experiment``."""
     p = parser(experiment, description, **parser_options)
     args = check(p, p.parse_args(argv))
-    run(args, experiment)
+    try:
+        run(args, experiment)
+    except USER_ERRORS as error:
+        exit_with_message(p, error)
 
 
-__all__ = ["DATASETS", "NORMS", "SCHEDULES", "key_value", "add_model_arg_option",
-           "add_model_options", "add_output_options", "parser", "check", "datasets", "recipe",
-           "configuration", "evaluations", "run", "main"]
+__all__ = ["DATASETS", "NORMS", "SCHEDULES", "USER_ERRORS", "key_value", "add_model_arg_option",
+           "add_model_options", "add_output_options", "add_verify_option", "check_work_dir",
+           "claim_work_dir", "release_work_dir", "verify_data", "exit_with_message", "parser",
+           "check", "datasets", "resume_options", "recipe", "configuration", "evaluations",
+           "run", "main"]

@@ -27,15 +27,21 @@ the class probabilities averaged (:mod:`experiments.train.segmentation`); images
 ``--eval-window`` are evaluated in overlapping sliding windows. Table 2 top is
 ``single=1:noflip``; its bottom's test-set protocol is ``ms_flip=1,1.25,1.5,1.75,2:flip``.
 
+**Data checks** before training: every image's and label map's header (a label map of
+another size than its image, or not an 8-bit map, stops the point before its first epoch, not
+when the first evaluation reads it), and with ``--verify-data`` every file decoded and every
+label value checked against the release's table. Bad data and an unusable checkpoint end the
+command with one line naming the file.
+
 Outputs as for a classification point (:mod:`experiments.train.point`): ``--out`` (the JSON
 artifact: one result row per evaluation with mIoU and pixel accuracy in percent, per-class IoU,
 the batch compilation and what was trained), ``--epochs-csv``, ``--weights`` and the resumable
 ``--work-dir``, all written by :func:`experiments.train.engine.train`'s machinery.
 """
+import hashlib
 import json
 import math
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +53,9 @@ from ..records import point
 from ..records.atomic import atomic_path
 from . import engine
 from .data import cityscapes, class_uniform, cocostuff, seg_transforms, vistas
-from .point import add_model_arg_option, add_output_options
+from .point import (USER_ERRORS, add_model_arg_option, add_output_options, add_verify_option,
+                    check_work_dir, claim_work_dir, exit_with_message, release_work_dir,
+                    verify_data)
 from .segmentation import OnlineBootstrappedCrossEntropy, evaluate_segmentation
 
 #: dataset -> (class, training split, validation split).
@@ -107,6 +115,7 @@ def parser(experiment, description):
     data.add_argument("--scale", type=float, nargs=2, default=(0.7, 2.0),
                       metavar=("MIN", "MAX"), help="random scaling range (default 0.7 2.0)")
     data.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank")
+    add_verify_option(data)
     net = p.add_argument_group("model")
     net.add_argument("--body", choices=sorted(BODIES), required=True)
     add_model_arg_option(net)
@@ -194,6 +203,7 @@ def check(p, args):
         p.error(f"--data {args.data}: no such directory (see --help for the expected layout)")
     if args.pretrained is not None and not args.pretrained.is_file():
         p.error(f"--pretrained {args.pretrained}: no such file")
+    check_work_dir(p, args)
     return args
 
 
@@ -206,6 +216,17 @@ def datasets(args):
                 seg_transforms.SegmentationTrain(args.crop, scale=tuple(args.scale)), **extra)
     val = cls(args.data, val_split, seg_transforms.SegmentationEval())
     return train, val
+
+
+def check_data(args, *splits):
+    """Before training: every sample's headers (a label map of the wrong size or mode fails now,
+    not when the first evaluation reads it, an epoch later), or with ``--verify-data`` every
+    file decoded and every label value checked."""
+    if args.verify_data:
+        verify_data(splits)
+    else:
+        for split in splits:
+            split.check_headers()
 
 
 def eval_sets(args, val_set, num_classes):
@@ -247,6 +268,34 @@ def build(args, num_classes):
     return model
 
 
+def file_digest(path):
+    """The SHA-256 of the file at ``path`` (hex), read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def resume_options(args):
+    """The options a resume must match beyond what the engine's fingerprint holds (recipe with
+    the crops per rank, seed, model layout, data set lengths, sampler), by their command-line
+    names: the data (``--dataset``, ``--coarse``, ``--scale``, ``--crop``), the model
+    (``--body``, ``--model-arg``, ``--norm``, ``--output-stride``, ``--pretrained`` by its
+    content: the weights it starts from, wherever the file lies), the loss
+    (``--bootstrap-p``, ``--bootstrap-m``), the evaluations (``--eval``, ``--eval-window``),
+    and ``--device``, ``--dtype``, ``--threads`` (another thread count sums in another order,
+    so gradients differ). Paths, ``--workers`` and the outputs change no result."""
+    return {"--dataset": args.dataset, "--coarse": args.coarse, "--scale": list(args.scale),
+            "--crop": args.crop, "--body": args.body, "--model-arg": dict(args.model_args),
+            "--norm": args.norm, "--output-stride": args.output_stride,
+            "--pretrained": None if args.pretrained is None else file_digest(args.pretrained),
+            "--bootstrap-p": args.bootstrap_p, "--bootstrap-m": args.bootstrap_m,
+            "--eval": [[name, list(scales), flip] for name, scales, flip in args.evals],
+            "--eval-window": args.eval_window, "--device": args.device, "--dtype": args.dtype,
+            "--threads": args.threads}
+
+
 def world_size():
     """The ranks of a ``torchrun`` launch (1 without one)."""
     return int(os.environ.get("WORLD_SIZE", "1"))
@@ -285,16 +334,18 @@ def run(args, experiment):
     Returns the engine's report."""
     device, dtype = point.setup(args)
     train_set, val_set = datasets(args)
+    check_data(args, train_set, val_set)
     model = build(args, train_set.num_classes).to(device=device, dtype=dtype)
     criterion = OnlineBootstrappedCrossEntropy(p=args.bootstrap_p, m=args.bootstrap_m)
     sampler = class_uniform_sampler(train_set) if args.class_uniform else None
+    claim_work_dir(args)
     report = engine.train(model=model, train_set=train_set,
                           eval_sets=eval_sets(args, val_set, train_set.num_classes),
                           recipe=recipe(args, world_size()), run_dir=args.work_dir,
                           metrics_csv=args.epochs_csv, seed=args.seed, workers=args.workers,
                           device=args.device, desc=f"{experiment} {args.out.stem}",
                           criterion=criterion, eval_every=args.eval_every,
-                          train_sampler=sampler)
+                          train_sampler=sampler, options=resume_options(args))
     if int(os.environ.get("RANK", "0")) != 0:
         return report
     evals = {name: (scales, flip) for name, scales, flip in args.evals}
@@ -315,7 +366,7 @@ def run(args, experiment):
         torch.save(model.state_dict(), tmp)
     config = {**configuration(args), "class_names": json.dumps(list(train_set.classes))}
     point.write(args, experiment, config, results)
-    shutil.rmtree(args.work_dir, ignore_errors=True)
+    release_work_dir(args)
     print(f"wrote {args.out}, {args.epochs_csv}, {args.weights}")
     return report
 
@@ -326,6 +377,8 @@ def main(experiment, description, argv=None):
     args = check(p, p.parse_args(argv))
     try:
         run(args, experiment)
+    except USER_ERRORS as error:
+        exit_with_message(p, error)
     except ValueError as error:
         if "--pretrained" in str(error) or "--model-arg" in str(error):
             p.error(str(error))
@@ -333,5 +386,5 @@ def main(experiment, description, argv=None):
 
 
 __all__ = ["DATASETS", "METRICS", "NORMS", "SegmentationEvaluator", "build", "check",
-           "class_uniform_sampler", "configuration", "datasets", "eval_sets", "main", "parser",
-           "read_capacity", "recipe", "run"]
+           "check_data", "class_uniform_sampler", "configuration", "datasets", "eval_sets",
+           "file_digest", "main", "parser", "read_capacity", "recipe", "resume_options", "run"]

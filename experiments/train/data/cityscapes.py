@@ -12,8 +12,11 @@ archives (and, for the coarse extra data, ``leftImg8bit_trainextra.zip`` and
 Only the ``_labelIds`` PNGs are read (the release's ``_color``, ``_instanceIds`` and
 ``_polygons.json`` files are ignored). Label ids map to train ids with the official table of
 cityscapesScripts' ``labels.py`` (:data:`LABEL_TO_TRAIN`, 19 classes :data:`CLASSES`); every
-other id is void (255). The test split's released labelIds are all void, so its label files
-may be absent: such samples get an all-255 target. ``coarse=True`` (training only) adds the
+other id of the table (:data:`LABEL_IDS`, 0..33) is void (255), and a value outside the table
+(a corrupt map, or a ``labelTrainIds`` map saved under the ``labelIds`` name, with its 255) is
+an error naming the file and the values, as in the official evaluator. The test split's
+released labelIds are all void, so its label files may be absent: such samples get an all-255
+target. ``coarse=True`` (training only) adds the
 ~20,000 coarsely annotated ``train_extra`` images to the fine training set.
 
 Checked when :class:`Cityscapes` is built, each failure a
@@ -36,6 +39,9 @@ CLASSES = ("road", "sidewalk", "building", "wall", "fence", "pole", "traffic lig
            "traffic sign", "vegetation", "terrain", "sky", "person", "rider", "car", "truck",
            "bus", "train", "motorcycle", "bicycle")
 LUT = make_lut(LABEL_TO_TRAIN, len(CLASSES))
+# cityscapesScripts helpers/labels.py: the ids a labelIds map holds ('unlabeled' 0 ..
+# 'bicycle' 33; 'license plate', id -1, is not written to the maps).
+LABEL_IDS = range(34)
 
 IMAGE_SUFFIX = "_leftImg8bit.png"
 EXPECTED_LAYOUT = (
@@ -102,7 +108,9 @@ class Cityscapes(SegmentationDataset):
         if coarse:
             samples += _samples(root, "train_extra", "gtCoarse", "_gtCoarse_labelIds.png",
                                 labels_required=True)
-        super().__init__(samples, CLASSES, LUT, transform, root=root, expected=EXPECTED_LAYOUT)
+        super().__init__(samples, CLASSES, LUT, transform, root=root, expected=EXPECTED_LAYOUT,
+                         valid=LABEL_IDS)
 
 
-__all__ = ["CLASSES", "Cityscapes", "EXPECTED_LAYOUT", "LABEL_TO_TRAIN", "LUT", "SPLITS"]
+__all__ = ["CLASSES", "Cityscapes", "EXPECTED_LAYOUT", "LABEL_IDS", "LABEL_TO_TRAIN", "LUT",
+           "SPLITS"]

@@ -29,6 +29,11 @@ shape-texture pairs, each in five hues. Class names say what they are (``disc-re
 files for the same arguments and library versions). The whole tree is built in a temporary
 folder beside its destination and renamed into place, so a reader never sees half a data set.
 
+**Never a user's folder.** A generated tree holds the marker of
+:mod:`experiments.records.ownership`; a destination that exists and holds files but no marker
+(a real data set, any folder of the user's) is refused, ``--overwrite`` or not, and nothing
+there is moved or removed. ``--overwrite`` replaces only a tree generated here.
+
 Command line::
 
     python -m experiments.train.data.generate {cifar10,cifar100,imagenet} --out ROOT
@@ -46,7 +51,6 @@ import colorsys
 import contextlib
 import os
 import pickle
-import shutil
 import sys
 import tempfile
 import time
@@ -55,6 +59,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from ...records import ownership
+from ...records.atomic import write_json_atomic
+from ..plan import GENERATED_STAMP
 from .cifar import LAYOUTS
 
 SHAPES = ("disc", "square", "triangle", "ring", "cross", "stripes", "star", "crescent",
@@ -174,36 +181,59 @@ def _rng(seed, split, k):
 # Writing
 
 
+#: The tool named in the marker of a generated tree (:mod:`experiments.records.ownership`).
+TOOL = "experiments.train.data.generate"
+
+
+def _check_replaceable(target, overwrite):
+    """Refuse to write ``target`` unless it is absent, an empty folder, or a tree generated
+    here earlier (it holds the ownership marker) and ``overwrite`` is set."""
+    if not target.exists() or (target.is_dir() and not any(target.iterdir())):
+        return
+    if not (target.is_dir() and ownership.is_marked(target)):
+        raise ownership.NotOwnedError(
+            f"{target} exists and was not generated here (it holds no {ownership.MARKER}): a "
+            "data set this tool did not make is never replaced, --overwrite or not. Use it as "
+            "it is (a profile's datasets.<name>.generate: null) or generate elsewhere")
+    if not overwrite:
+        raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
+
+
 @contextlib.contextmanager
 def _atomic_dir(target, overwrite):
     """Yield a temporary folder beside ``target``; rename it to ``target`` when the block
-    succeeds (replacing an existing ``target`` only if ``overwrite``, or if it is empty)."""
+    succeeds. ``target`` may be absent or an empty folder; a tree generated here earlier is
+    replaced only if ``overwrite``; anything else is refused before anything is written. The
+    tree carries the ownership marker, which is what lets a later call replace it."""
     target = Path(target)
+    _check_replaceable(target, overwrite)
     target.parent.mkdir(parents=True, exist_ok=True)
-    if target.exists() and not overwrite and not (target.is_dir() and not any(target.iterdir())):
-        raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    tmp = ownership.mark(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.",
+                                          suffix=".tmp"), TOOL)
     try:
         yield tmp
         mask = os.umask(0)
         os.umask(mask)
         os.chmod(tmp, 0o777 & ~mask)
         old = None
-        if target.exists():  # move it aside, put the new tree in its place, then delete it
-            old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.",
-                                        suffix=".old"))
+        if target.is_dir() and ownership.is_marked(target):
+            # Move the old tree aside, put the new one in its place, then delete the old one.
+            old = ownership.mark(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.",
+                                                  suffix=".old"), TOOL)
             os.rename(target, old / target.name)
+        elif target.is_dir():
+            target.rmdir()  # empty (checked above); rmdir refuses a folder that filled since
         try:
             os.rename(tmp, target)
         except BaseException:
             if old is not None:
                 os.rename(old / target.name, target)
-                old.rmdir()
+                ownership.remove(old)
             raise
         if old is not None:
-            shutil.rmtree(old)
+            ownership.remove(old)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        ownership.remove(tmp)
         raise
 
 
@@ -360,7 +390,9 @@ def parse_args(argv=None):
     p.add_argument("--coarse-extra", type=int,
                    help="Cityscapes only: train_extra images with gtCoarse labels (default 0)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--overwrite", action="store_true", help="replace an existing data set")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a data set generated here earlier (a folder this tool did not "
+                        "generate is never replaced)")
     args = p.parse_args(argv)
     segmentation = args.dataset in SEGMENTATION_DEFAULTS
     if args.dataset != "imagenet" and args.classes is not None:
@@ -421,6 +453,11 @@ def main(argv=None):
     except (ValueError, FileExistsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # Last, so its presence says the data set is complete (the pipeline's output; plan.py).
+    options = {key: str(value) if isinstance(value, Path) else value
+               for key, value in vars(args).items()}
+    write_json_atomic(Path(args.out) / GENERATED_STAMP, {"dataset": args.dataset,
+                                                         "options": options})
     if args.dataset in SEGMENTATION_DEFAULTS:
         extra = f" + {args.coarse_extra} coarse extra" if args.coarse_extra else ""
         print(f"{args.dataset}: {args.train_images} train + {args.val_images} val{extra} images "

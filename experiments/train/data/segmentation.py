@@ -10,6 +10,11 @@ raw label value becomes a training class; everything else is the same and lives 
   entries, raw label value -> train id, or :data:`IGNORE_INDEX` (255) for void: the three
   releases store labels as 8-bit PNGs (single-channel ``"L"`` or palette ``"P"``, whose
   pixel values are read as their palette indices), so one table lookup maps a whole map;
+- optionally the raw values the release defines (``valid``, e.g. Cityscapes' labelIds
+  0..33): a label map holding any other value is not that release's (a corrupt file, a
+  labelTrainIds map saved under the labelIds name) and raises, naming the file and the values,
+  where mapping it to void would train and score on wrong labels without a word (the official
+  Cityscapes evaluator stops too: "Unknown label with id 250");
 - an optional joint ``transform(image, target)``: segmentation augmentation must move the
   image and its label map together (flip, scale, crop; see :mod:`.seg_transforms`).
 
@@ -18,6 +23,12 @@ whatever ``transform(image, target)`` returns for those two. A label map is neve
 fit its image: one of another size is a wrongly paired or corrupt file and raises
 :class:`~experiments.train.data.errors.DatasetLayoutError` naming both files and both sizes, as
 does a label map that cannot be decoded or is not an 8-bit map.
+
+:meth:`SegmentationDataset.check_headers` checks every pair's files as far as their headers
+tell (the image opens, the label map is an 8-bit map of its image's size), reading headers only
+(PIL decodes pixels lazily), so a training point finds a bad file before its first epoch, not
+when its first evaluation reads it; :meth:`SegmentationDataset.verify` decodes every image and
+label map (and checks the label values), for a tree that may hold corrupt files.
 
 :meth:`SegmentationDataset.class_presence` lists the train ids each sample contains; it reads
 every label map once (then caches the answer on the instance) and feeds the class-uniform
@@ -34,6 +45,18 @@ from .errors import DatasetLayoutError
 IGNORE_INDEX = 255
 LABEL_MODES = ("L", "P")
 _READ_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+
+
+def _ranges(values):
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    runs, start = [], None
+    for i, v in enumerate(values):
+        if start is None:
+            start = v
+        if i + 1 == len(values) or values[i + 1] != v + 1:
+            runs.append(str(start) if start == v else f"{start}-{v}")
+            start = None
+    return ", ".join(runs)
 
 
 def make_lut(mapping, num_classes):
@@ -77,6 +100,17 @@ def read_label(path, expected):
         "('P') PNG of label values", expected)
 
 
+def _header(path, what, expected):
+    """``(mode, (width, height))`` of the image file at ``path`` from its header only (PIL
+    decodes pixels lazily)."""
+    try:
+        with Image.open(path) as image:
+            return image.mode, image.size
+    except _READ_ERRORS as exc:
+        raise DatasetLayoutError.at(path, f"cannot read the {what} "
+                                    f"({type(exc).__name__}: {exc})", expected) from exc
+
+
 def checked_root(root, split, splits, expected):
     """``root`` as a ``Path``, after checking that ``split`` is one of ``splits`` (a
     ``ValueError``) and that ``root`` is a folder (a :class:`DatasetLayoutError` naming it)."""
@@ -105,12 +139,14 @@ class SegmentationDataset(torch.utils.data.Dataset):
     ``samples`` must not be empty; ``classes`` are the train-id names (``num_classes`` of
     them); ``lut`` a ``uint8`` array of 256 entries, each a train id in ``[0, num_classes)`` or
     :data:`IGNORE_INDEX`; ``root`` and ``expected`` (a one-line description of the layout)
-    go into the errors. Subclasses find and validate their samples, then call this.
+    go into the errors; ``valid`` (``None``: every value) the raw label values the release
+    defines, any other one in a label map being an error. Subclasses find and validate their
+    samples, then call this.
     """
 
     IGNORE_INDEX = IGNORE_INDEX
 
-    def __init__(self, samples, classes, lut, transform=None, *, root, expected):
+    def __init__(self, samples, classes, lut, transform=None, *, root, expected, valid=None):
         self.root = Path(root)
         self.expected = expected
         self.samples = [(Path(i), None if t is None else Path(t)) for i, t in samples]
@@ -130,6 +166,7 @@ class SegmentationDataset(torch.utils.data.Dataset):
             raise ValueError(f"lut maps raw value {raw} to {int(lut[raw])}, neither a train id "
                              f"in [0, {self.num_classes}) nor {IGNORE_INDEX}")
         self.lut = lut
+        self.valid = np.ones(256, bool) if valid is None else np.isin(np.arange(256), list(valid))
         self.transform = transform
         self._presence = None
 
@@ -141,13 +178,49 @@ class SegmentationDataset(torch.utils.data.Dataset):
         image_path, label_path = self.samples[index]
         if label_path is None:
             return np.full((size[1], size[0]), IGNORE_INDEX, dtype=np.uint8)
-        raw = read_label(label_path, self.expected)
-        if raw.shape != (size[1], size[0]):
-            raise DatasetLayoutError.at(
-                label_path, f"label map is {raw.shape[1]}x{raw.shape[0]} (width x height) but "
-                f"its image {image_path} is {size[0]}x{size[1]}; a label map must match its "
-                "image pixel for pixel (labels are never resized)", self.expected)
+        raw = self._raw_label(label_path)
+        self._check_size(image_path, size, label_path, (raw.shape[1], raw.shape[0]))
         return self.lut[raw]
+
+    def _raw_label(self, label_path):
+        """The raw label map at ``label_path``, its values checked against ``valid``."""
+        raw = read_label(label_path, self.expected)
+        values = np.flatnonzero(np.bincount(raw.ravel(), minlength=256))
+        bad = values[~self.valid[values]]
+        if bad.size:
+            raise DatasetLayoutError.at(
+                label_path, f"label values {bad.tolist()} are not in the release's label table "
+                f"(allowed: {_ranges(np.flatnonzero(self.valid))}): a corrupt map, or a map of "
+                "other ids (e.g. train ids) under this name", self.expected)
+        return raw
+
+    def _check_size(self, image_path, image_size, label_path, label_size):
+        if tuple(label_size) != tuple(image_size):
+            raise DatasetLayoutError.at(
+                label_path, f"label map is {label_size[0]}x{label_size[1]} (width x height) but "
+                f"its image {image_path} is {image_size[0]}x{image_size[1]}; a label map must "
+                "match its image pixel for pixel (labels are never resized)", self.expected)
+
+    def check_headers(self):
+        """Check every sample from its files' headers (no pixel is decoded): the image opens,
+        the label map is an 8-bit (``"L"`` or ``"P"``) map of the image's size. Raises the
+        :class:`DatasetLayoutError` its first read would, naming the file."""
+        for image_path, label_path in self.samples:
+            _, size = _header(image_path, "image", self.expected)
+            if label_path is None:
+                continue
+            mode, label_size = _header(label_path, "label map", self.expected)
+            if mode not in LABEL_MODES:
+                raise DatasetLayoutError.at(
+                    label_path, f"label map has PIL mode {mode!r}, not an 8-bit single-channel "
+                    "('L') or palette ('P') PNG of label values", self.expected)
+            self._check_size(image_path, size, label_path, label_size)
+
+    def verify(self):
+        """Decode every image and label map and check the label values: every error a read
+        would raise, before any is read for training."""
+        for index in range(len(self)):
+            self._target(index, read_rgb(self.samples[index][0], self.expected).size)
 
     def __getitem__(self, index):
         image = read_rgb(self.samples[index][0], self.expected)
@@ -169,7 +242,7 @@ class SegmentationDataset(torch.utils.data.Dataset):
                 if label_path is None:
                     presence.append(())
                     continue
-                raw = read_label(label_path, self.expected)
+                raw = self._raw_label(label_path)
                 values = np.flatnonzero(np.bincount(raw.ravel(), minlength=256))
                 ids = np.unique(self.lut[values])
                 presence.append(tuple(int(c) for c in ids if c != IGNORE_INDEX))

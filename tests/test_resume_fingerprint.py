@@ -1,0 +1,71 @@
+"""A killed training point resumes only with the options it was started with: a rerun with an
+option that changes results (the data transforms, the evaluations, the norm, the thread count)
+is refused with the option named, both values, in one line and no traceback, and the
+checkpoint is kept for a rerun with the right options.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments.train.data import generate_imagenet
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory):
+    """``(options, work_dir)``: an ImageNet point killed (SIGKILL) once its first checkpoint
+    is written."""
+    tmp = tmp_path_factory.mktemp("resume")
+    data = tmp / "imagenet"
+    generate_imagenet(data, classes=2, train_per_class=4, val_per_class=1, sizes=[(24, 24)])
+    work = tmp / "work"
+    options = ["experiments.iabn_table1_imagenet", "--data", str(data), "--model",
+               "densenet_bc", "--model-arg", "depth=10", "--model-arg", "growth_rate=2",
+               "--epochs", "30", "--batch", "4", "--schedule", "step", "--resize", "20",
+               "--crop", "16", "--eval", "center=center:20:16", "--threads", "1",
+               "--out", str(tmp / "p.json"), "--epochs-csv", str(tmp / "p.csv"),
+               "--weights", str(tmp / "p.pt"), "--work-dir", str(work)]
+    run = subprocess.Popen([sys.executable, "-m", *options], cwd=ROOT,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not (work / "last.pt").exists():
+        assert run.poll() is None and time.monotonic() < deadline, "no checkpoint written"
+        time.sleep(0.05)
+    os.kill(run.pid, signal.SIGKILL)
+    run.wait()
+    return options, work
+
+
+#: (option, value of the killed run, value of the rerun): each changes the results.
+CHANGES = [("--resize", "20", "24"), ("--crop", "16", "12"), ("--threads", "1", "2"),
+           ("--eval", "center=center:20:16", "center=center:16:16")]
+
+
+def test_a_resume_with_other_result_changing_options_is_refused_naming_each(killed):
+    options, work = killed
+    changed = list(options)
+    for flag, saved, value in CHANGES:
+        assert changed[changed.index(flag) + 1] == saved
+        changed[changed.index(flag) + 1] = value
+    changed += ["--norm", "iabn"]  # the killed run's bn: the same state-dict layout
+    checkpoint = (work / "last.pt").read_bytes()
+    done = subprocess.run([sys.executable, "-m", *changed], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(work / "last.pt") in lines[0], done.stderr[-3000:]
+    differences = lines[0].split("; ")
+    for flag, saved, value in CHANGES + [("--norm", "bn", "iabn")]:
+        named = [d for d in differences if f"{flag}:" in d]
+        assert len(named) == 1 and "in the checkpoint" in named[0], (flag, lines[0])
+        if flag != "--eval":  # the evaluations are listed as (name, mode, resize, crop)
+            assert f"{saved!r} in the checkpoint, {value!r} now".replace("'", "") in \
+                named[0].replace("'", ""), named[0]
+    assert (work / "last.pt").read_bytes() == checkpoint  # kept for the right rerun
