@@ -57,14 +57,32 @@ def merged(base, override):
 def profile_config(overrides):
     """The profile named by ``overrides["profile"]`` (default smoke), ``overrides`` merged in."""
     profile = overrides.get("profile", "smoke")
-    path = CONFIG_DIR / f"{profile}.yaml"
-    if not path.is_file():
-        available = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "schema")
-        raise ValueError(f"profile={profile!r}: no {path}; available profiles: {available}")
-    return merged(yaml.safe_load(path.read_text()), overrides)
+    # The schema lies beside the profiles and is none.
+    available = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "schema")
+    if profile not in available:
+        raise ValueError(f"profile={profile!r} is not a profile; available profiles: "
+                         f"{available} (experiments/config/<profile>.yaml)")
+    return merged(yaml.safe_load((CONFIG_DIR / f"{profile}.yaml").read_text()), overrides)
 
 
-_profile = profile_config(config)
+def yaml_typed(value):
+    """A nested ``--config`` value typed as YAML types it: Snakemake reads ``key={...}`` with
+    YAML's BaseLoader, which leaves every scalar inside a string (``null``, ``100``, ``true``),
+    so ``--config 'datasets={imagenet: {root: /x, generate: null}}'`` would fail the schema.
+    Only null, booleans and numbers are typed; any other scalar stays the string it was."""
+    if isinstance(value, dict):
+        return {key: yaml_typed(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [yaml_typed(item) for item in value]
+    if isinstance(value, str):
+        typed = yaml.safe_load(value) if value.strip() else value
+        return typed if typed is None or isinstance(typed, (bool, int, float)) else value
+    return value
+
+
+_profile = profile_config(merged(config, {
+    key: yaml_typed(value) for key, value in workflow.config_settings.config.items()
+    if isinstance(value, (dict, list))}))  # top-level --config values are typed already
 config.clear()
 config.update(_profile)
 validate(config, "experiments/config/schema.yaml")
@@ -465,12 +483,14 @@ for _experiment in EXPERIMENTS:
 
 
 rule aggregate:
-    """One CSV per experiment and run, one row per measurement of every point."""
+    """One CSV per experiment and run, one row per measurement of every point. update(): the
+    previous CSV is kept until the new one replaces it (Snakemake would delete it before the
+    job, and a point that fails to read would leave none)."""
     input:
         points=lambda wildcards: point_targets(wildcards.experiment),
         code=code("experiments.report.aggregate"),
     output:
-        paths.aggregate_csv("{experiment}", RUN),
+        update(paths.aggregate_csv("{experiment}", RUN)),
     log:
         paths.job_log("{experiment}", RUN, "aggregate"),
     wildcard_constraints:

@@ -6,10 +6,13 @@ records) and ``environment`` (see :mod:`experiments.records.point`); each record
 ``experiment``, ``run`` and ``point`` (from the path), the point's ``config`` and the
 environment's ``device_name``, ``cpu_count_usable``, ``torch``, ``git_commit`` and ``date_utc``
 (prefixed ``env_``). A record may repeat a config key (``repeats``) only with the same value.
-The CSV is written atomically.
+The CSV is written atomically, and only once every point has been read: a point that is not
+valid JSON (a truncated or edited file) stops the command with one line naming the file and
+the command that measures it again, and the previous CSV is left as it was.
 """
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -21,10 +24,27 @@ ENVIRONMENT_COLUMNS = ("device_name", "cpu_count_usable", "torch", "git_commit",
 REQUIRED_KEYS = ("experiment", "config", "results", "environment")
 
 
+def load_point(path):
+    """The point artifact at ``path`` as a dict; a ``ValueError`` naming the file, and how to
+    measure it again, if it is not a JSON object."""
+    path = Path(path)
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(
+            f"{path}: not a readable point artifact ({type(error).__name__}: {error}); it is "
+            f"truncated or was edited. Delete it and run `snakemake --cores all {path}`: the "
+            "rule that wrote it measures the point again") from error
+    if not isinstance(report, dict):
+        raise ValueError(f"{path}: not a point artifact (a JSON {type(report).__name__}, "
+                         "expected an object)")
+    return report
+
+
 def rows_of(path):
     """The CSV rows of one point artifact at ``path``."""
     path = Path(path)
-    report = json.loads(path.read_text(encoding="utf-8"))
+    report = load_point(path)
     missing = [key for key in REQUIRED_KEYS if key not in report]
     if missing:
         raise ValueError(f"{path}: not a point artifact, missing {missing}")
@@ -54,7 +74,10 @@ def main(argv=None):
     parser.add_argument("points", type=Path, nargs="+", help="point JSON artifacts")
     parser.add_argument("--out", type=Path, required=True, help="CSV to write")
     args = parser.parse_args(argv)
-    frame = aggregate(args.points)
+    try:
+        frame = aggregate(args.points)
+    except (OSError, ValueError) as error:
+        sys.exit(f"{parser.prog}: error: {error}")
     with atomic_path(args.out) as tmp:
         frame.to_csv(tmp, index=False)
     print(f"wrote {args.out}: {len(frame)} rows from {len(args.points)} points")
