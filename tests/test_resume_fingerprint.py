@@ -1,7 +1,7 @@
 """A killed training point resumes only with the options it was started with: a rerun with an
 option that changes results (the data transforms, the evaluations, the norm, the thread count)
 is refused with the option named, both values, in one line and no traceback, and the
-checkpoint is kept for a rerun with the right options.
+checkpoint is kept for the rerun with the right options, which resumes from it.
 """
 import os
 import signal
@@ -69,3 +69,9 @@ def test_a_resume_with_other_result_changing_options_is_refused_naming_each(kill
             assert f"{saved!r} in the checkpoint, {value!r} now".replace("'", "") in \
                 named[0].replace("'", ""), named[0]
     assert (work / "last.pt").read_bytes() == checkpoint  # kept for the right rerun
+
+    same = subprocess.run([sys.executable, "-m", *options], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert same.returncode == 0, same.stderr[-3000:]
+    assert f"resuming from {work / 'last.pt'}" in same.stderr
+    assert not work.exists()  # the finished point removed the folder it created
