@@ -75,3 +75,31 @@ def test_a_resume_with_other_result_changing_options_is_refused_naming_each(kill
     assert same.returncode == 0, same.stderr[-3000:]
     assert f"resuming from {work / 'last.pt'}" in same.stderr
     assert not work.exists()  # the finished point removed the folder it created
+
+
+def test_a_segmentation_resume_matches_the_pretrained_weights_by_content(tmp_path):
+    """The body's ImageNet weights are what a segmentation point starts from: the same file
+    moved elsewhere resumes, other weights under the same name do not; paths and --workers
+    change no result and stay out."""
+    from experiments.train import seg_point
+
+    (tmp_path / "data").mkdir()
+    weights = tmp_path / "body.pt"
+    weights.write_bytes(b"weights one")
+    p = seg_point.parser("iabn_table2_segmentation", "")
+
+    def options(*extra):
+        return seg_point.resume_options(seg_point.check(p, p.parse_args([
+            "--dataset", "cityscapes", "--data", str(tmp_path / "data"), "--body",
+            "resnext101", "--norm", "iabn", "--crops", "2", "--crop", "32", "--epochs", "1",
+            "--out", "o.json", "--epochs-csv", "o.csv", "--weights", "o.pt",
+            "--work-dir", str(tmp_path / "work"), "--pretrained", str(weights), *extra])))
+
+    first = options()
+    moved = tmp_path / "elsewhere.pt"
+    weights.rename(moved)
+    weights = moved
+    assert options("--workers", "3") == first
+    weights.write_bytes(b"weights two")
+    assert options()["--pretrained"] != first["--pretrained"]
+    assert {"--threads", "--crop", "--scale", "--eval", "--bootstrap-m"} <= set(first)
