@@ -100,3 +100,16 @@ def test_verify_data_finds_a_corrupt_image_before_training(cityscapes, tmp_path)
     image.write_bytes(data[:len(data) // 2])  # the header reads, the pixels do not
     _refused_before_training(_segmentation_point(cityscapes, tmp_path, "--verify-data"), image,
                              tmp_path)
+
+
+def test_a_bad_label_read_by_a_loader_worker_ends_the_point_with_one_line(cityscapes, tmp_path):
+    """Label values are checked when a map is read: in a DataLoader worker (``--workers 1``)
+    the error comes back wrapped in the worker's traceback, and the point still ends with the
+    one line naming the file and the values."""
+    label = next((cityscapes / "gtFine" / "train").rglob("*_gtFine_labelIds.png"))
+    _write_label(label, [7, 26, 250])
+    done = _segmentation_point(cityscapes, tmp_path, "--workers", "1")
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    error = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(error) == 1 and str(label) in error[0] and "[250]" in error[0], done.stderr

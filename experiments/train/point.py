@@ -296,8 +296,12 @@ USER_ERRORS = (DatasetLayoutError, checkpoint.CheckpointError)
 
 
 def exit_with_message(p, error):
-    """End the command with ``error``'s message, one line, exit status 1."""
-    sys.exit(f"{p.prog}: error: {error}")
+    """End the command with ``error``'s message, one line, exit status 1. An error raised in a
+    DataLoader worker arrives wrapped in the worker's traceback, its own message on the last
+    line after the class's name: that line is the message."""
+    message = str(error).strip().splitlines()[-1]
+    message = message.removeprefix(f"{type(error).__module__}.{type(error).__qualname__}: ")
+    sys.exit(f"{p.prog}: error: {message}")
 
 
 def main(experiment, description, argv=None, **parser_options):
