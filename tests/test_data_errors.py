@@ -113,3 +113,17 @@ def test_a_bad_label_read_by_a_loader_worker_ends_the_point_with_one_line(citysc
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     error = [line for line in done.stderr.splitlines() if "error:" in line]
     assert len(error) == 1 and str(label) in error[0] and "[250]" in error[0], done.stderr
+
+
+def test_verify_decodes_every_imagenet_image(tmp_path):
+    """``--verify-data`` on ImageNet: a truncated JPEG whose header reads fails up front."""
+    from experiments.train.data import ImageNet, generate_imagenet
+
+    root = generate_imagenet(tmp_path / "imagenet", classes=2, train_per_class=1,
+                             val_per_class=2, sizes=[(64, 64)])
+    image = sorted((root / "val").rglob("*.JPEG"))[-1]
+    data = image.read_bytes()
+    image.write_bytes(data[:len(data) // 2])
+    val = ImageNet(root, "val", verify=True)  # the header check passes
+    with pytest.raises(DatasetLayoutError, match=str(image)):
+        val.verify()
