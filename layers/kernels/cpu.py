@@ -39,6 +39,19 @@ training forward), never by the number of threads, so results are bitwise the sa
 ``torch.set_num_threads`` says. They can differ in the last bits between machines, which may
 vectorise the sums differently (numba compiles for the host CPU).
 
+They are also the same whether a process compiled the kernels or loaded them from numba's disk
+cache. A kernel's compiled code holds a copy of every function it calls that numba compiled
+separately (the loop bodies of its parallel loops, the per-channel steps), optimised again
+with the kernel's own code. The process that compiled the kernel runs the functions' first
+copies (their symbols were defined first, and the copies' are weak), a process that loads it
+from the cache runs the copies in it. Both compute the same values only where LLVM's rewrites
+keep the rounding of every operation. Hence no kernel allows floating-point contraction
+(``fastmath`` ``contract``): which multiplies and adds fuse follows the shape of the code when
+it becomes machine code, and the two copies fused differently (about one element in four of
+an input gradient differed in its last bit). With reassociation alone, which vectorises the sums, the copies
+agree, for both layers, every dtype, activation and view. ``tests/test_kernel_determinism.py``
+compares a fresh compile with the cache.
+
 Speed: each kernel is compiled once per activation (and backward mode) with both as
 constants (:class:`_Variants`), so LLVM sees straight-line, branch-free loop bodies that it
 vectorises; with the activation and mode as run-time values it does not, and the loops run
@@ -50,7 +63,9 @@ In-place kernels read and write one array argument (two arguments that alias def
 vectorisation, see ``_target``).
 
 Threads: the loops run on as many threads as ``torch.get_num_threads()`` (at most
-``NUMBA_NUM_THREADS``), so ``torch.set_num_threads`` governs both libraries.
+``NUMBA_NUM_THREADS``), so ``torch.set_num_threads`` governs both libraries. Kernels called
+from several Python threads run at once, except under numba's ``workqueue`` threading layer,
+which is not thread-safe: there they run one at a time (:func:`_serialize_workqueue_launches`).
 
 Empty inputs (no element: ``N = 0`` or a spatial size 0) launch nothing, as in ``cuda.py``:
 ``moments`` is NaN (no statistics), ``backward_reduce`` zero, the other operations do nothing.
@@ -90,9 +105,11 @@ _act_grad = _jit_scalar(common.act_grad)
 _parallel = caching.jit(numba.njit, DEPENDENCIES, parallel=True)
 #: Loops over the channels (a few thousand values at most): no threads to start.
 _serial = caching.jit(numba.njit, DEPENDENCIES)
-# Reassociation lets LLVM vectorise float64 sums; nothing else about IEEE semantics changes.
+# Reassociation lets LLVM vectorise the sums; nothing else about IEEE semantics changes. No
+# contraction: its fused multiply-adds differ between a fresh kernel and the same kernel loaded
+# from the disk cache (see "Reproducibility" above).
 _parallel_reduction = caching.jit(numba.njit, DEPENDENCIES, parallel=True,
-                                  fastmath={"reassoc", "contract"})
+                                  fastmath={"reassoc"})
 
 
 class _Variants:
@@ -820,11 +837,46 @@ def _follow_torch_threads():
     if getattr(_threads_matched, "torch", None) == torch_threads:
         return _threads_matched.numba
     wanted = min(torch_threads, numba.config.NUMBA_NUM_THREADS)
-    if numba.get_num_threads() != wanted:
+    if numba.get_num_threads() != wanted:  # the first call launches numba's threading layer
         numba.set_num_threads(wanted)
         torch.set_num_threads(torch_threads)
+    _serialize_workqueue_launches()
     _threads_matched.torch, _threads_matched.numba = torch_threads, wanted
     return wanted
+
+
+#: Held by a thread while it runs a parallel kernel, where launches are serialised
+#: (:func:`_serialize_workqueue_launches`).
+_LAUNCH_LOCK = threading.Lock()
+#: Whether :func:`_launch` takes :data:`_LAUNCH_LOCK`: set once, never cleared.
+_serialized_launches = False
+
+
+def _serialize_workqueue_launches():
+    """Serialise the parallel kernels' launches where numba's threading layer (launched by
+    then) is ``workqueue``.
+
+    That layer is not thread-safe: two threads that launch parallel loops at once (training in
+    two threads, or a layer called from a thread pool) make it abort the whole process. numba
+    picks it where neither TBB nor OpenMP loads (or on ``NUMBA_THREADING_LAYER=workqueue``).
+    There a thread's kernel waits for the other threads' to finish, each kernel still running on
+    all of numba's threads; ``tbb`` and ``omp`` run several at once. Called on a thread's first
+    kernel, before it launches: the flag is process-wide and only ever set to True, so no thread
+    launches unserialised once any has seen the layer.
+    """
+    global _serialized_launches
+    if not _serialized_launches and numba.threading_layer() == "workqueue":
+        _serialized_launches = True
+
+
+def _launch(kernel, *args):
+    """``kernel(*args)``, the launch of a parallel kernel: one at a time where
+    :func:`_serialize_workqueue_launches` says so. Every launch comes after a
+    :func:`_follow_torch_threads` on its thread."""
+    if not _serialized_launches:
+        return kernel(*args)
+    with _LAUNCH_LOCK:
+        return kernel(*args)
 
 
 def _chunks(view, threads):
@@ -992,8 +1044,8 @@ def moments(x):
         return _nan_moments(x)
     threads = _follow_torch_threads()
     if x.dim() == 3:
-        return torch.from_numpy(_moments_ncs(_np(x), _chunks(x, threads)))
-    return torch.from_numpy(_moments_mc(_np(x), _reduction_chunks(x.shape[0])))
+        return torch.from_numpy(_launch(_moments_ncs, _np(x), _chunks(x, threads)))
+    return torch.from_numpy(_launch(_moments_mc, _np(x), _reduction_chunks(x.shape[0])))
 
 
 def moments_forward(x, out, gamma, beta, eps, act, slope):
@@ -1046,8 +1098,8 @@ def _moments_forward(x, out, gamma, beta, eps, act, slope):
     xa = _np(x)
     coef = compute_empty((2, x.shape[1]), xa)
     block, ahead = _blocks(x.shape, x.element_size(), 1, _follow_torch_threads())
-    return _moments_forward_ncs_inplace[act](xa, _np(gamma), _np(beta), float(eps),
-                                             _scalar(slope, xa), coef, block, ahead)
+    return _launch(_moments_forward_ncs_inplace[act], xa, _np(gamma), _np(beta), float(eps),
+                   _scalar(slope, xa), coef, block, ahead)
 
 
 def forward(x, out, a, b, act, slope):
@@ -1057,7 +1109,8 @@ def forward(x, out, a, b, act, slope):
     threads = _follow_torch_threads()
     xa = _np(x)
     kernel = _forward_ncs[act] if x.dim() == 3 else _forward_mc[act]
-    kernel(xa, _output(out, x), _np(a), _np(b), _scalar(slope, xa), _chunks(x, threads))
+    _launch(kernel, xa, _output(out, x), _np(a), _np(b), _scalar(slope, xa),
+            _chunks(x, threads))
 
 
 def _compiled_mode(mode):
@@ -1092,8 +1145,8 @@ def _backward_sums(z, za, dza, xa, p, q, act, slope, mode):
     threads = _follow_torch_threads()
     args = (za, dza, xa, p, q, _scalar(slope, za), _elu_floor(z))
     if z.dim() == 3:
-        return _backward_reduce_ncs[act, mode](*args, _chunks(z, threads))
-    return _backward_reduce_mc[act, mode](*args, _reduction_chunks(z.shape[0]))
+        return _launch(_backward_reduce_ncs[act, mode], *args, _chunks(z, threads))
+    return _launch(_backward_reduce_mc[act, mode], *args, _reduction_chunks(z.shape[0]))
 
 
 def backward_input(z, dz, x, p, q, coef, act, slope, mode, out):
@@ -1118,8 +1171,8 @@ def _input_gradient_in_place(z, za, dza, xa, p, q, coef, act, slope, mode):
     and ``x`` and the coefficients ``p``, ``q``, in a kernel's ``mode`` (``z`` not empty)."""
     threads = _follow_torch_threads()
     kernel = _backward_input_ncs[act, mode] if z.dim() == 3 else _backward_input_mc[act, mode]
-    kernel(za, dza, xa, p, q, _np(coef), _scalar(slope, za), _elu_floor(z),
-           _chunks(z, threads))
+    _launch(kernel, za, dza, xa, p, q, _np(coef), _scalar(slope, za), _elu_floor(z),
+            _chunks(z, threads))
 
 
 # --------------------------------------------------------------------------- per-channel steps
@@ -1281,8 +1334,8 @@ def _backward_step_ncs(act, mode):
         ``v``'s coefficients (``variant_y``: ``MODE_Y``, which this kernel of
         ``MODE_XHAT_FROM_Y`` runs with ``p = 1``, ``q = 0``), the reductions, the per-channel
         gradients and, unless ``coef`` is None, the input gradient over ``dz`` while the block
-        is in cache (its element-wise arithmetic compiled with the reductions' reassociation
-        and contraction, so it may differ from :func:`_backward_input_ncs` in the last bit).
+        is in cache (its element-wise arithmetic compiled with the reductions' reassociation,
+        so it may differ from :func:`_backward_input_ncs` in the last bit).
         Each channel's sums run over its rows in the order of the batch, as in
         :func:`_reduce_ncs`, whatever ``block`` is. While it writes a block's input gradient
         it prefetches, with each row, the rows ``ahead`` channels on of ``z``, ``dz`` and (in
@@ -1340,11 +1393,11 @@ def forward_step(x, out, weight, bias, running_mean, running_var, training, mome
             and _addressable(x, weight, bias, running_mean, running_var)):
         element, shape = codecs.cpu_element(x.dtype), tuple(x.shape)
         block, ahead = _blocks(shape, x.element_size(), 1, _follow_torch_threads())
-        _forward_step_ncs_inplace[act](
-            x.data_ptr(), shape, element, _address(weight), _address(bias),
-            _address(running_mean), _address(running_var), vector_element, float(eps),
-            float(momentum), bool(abs_mode), codecs.compute_scalar(slope, element), state,
-            block, ahead)
+        _launch(
+            _forward_step_ncs_inplace[act], x.data_ptr(), shape, element, _address(weight),
+            _address(bias), _address(running_mean), _address(running_var), vector_element,
+            float(eps), float(momentum), bool(abs_mode), codecs.compute_scalar(slope, element),
+            state, block, ahead)
         return torch.from_numpy(state)
     weight, bias = _optional(weight), _optional(bias)
     running_mean, running_var = _optional(running_mean), _optional(running_var)
@@ -1384,9 +1437,10 @@ def backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param
         block, ahead = _blocks(shape, z.element_size(), tensors, _follow_torch_threads())
         z_address = z.data_ptr()
         # MODE_Y runs the MODE_XHAT_FROM_Y kernel with p = 1, q = 0 (variant_y)
-        _backward_step_ncs[act, _compiled_mode(mode)](
-            z_address, dz.data_ptr(), z_address if x is None else x.data_ptr(), shape, element,
-            state.data_ptr(), bool(training), mode == MODE_Y,
+        _launch(
+            _backward_step_ncs[act, _compiled_mode(mode)], z_address, dz.data_ptr(),
+            z_address if x is None else x.data_ptr(), shape, element, state.data_ptr(),
+            bool(training), mode == MODE_Y,
             codecs.compute_scalar(slope, element), _elu_floor(z), block,
             ahead if input_grad else 0, coef, dweight, dbias)
     else:
