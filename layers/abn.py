@@ -37,26 +37,45 @@ def registered(module, members, name):
     return members[name] if name in members else getattr(module, name)
 
 
-def batch_norm_arguments(module):
+def batch_norm_arguments(module, count=True):
     """``(training, running_mean, running_var, momentum)`` for one forward of ``module``.
 
     ``module`` is any ``nn.BatchNorm*``-like module (:class:`NormBase` included). As
     ``nn.BatchNorm2d.forward`` does, this counts the batch in ``num_batches_tracked`` and turns
-    ``momentum=None`` into the cumulative-average factor ``1 / num_batches_tracked``.
+    ``momentum=None`` into the cumulative-average factor ``1 / num_batches_tracked``. With
+    ``count=False`` the batch is not counted yet (the factor is that of the count after it):
+    the caller counts it with :func:`count_batch` once the forward is accepted, so that a
+    refused forward leaves ``num_batches_tracked`` as it was.
     """
     buffers = module._buffers
     running_mean = registered(module, buffers, "running_mean")
     running_var = registered(module, buffers, "running_var")
-    count = registered(module, buffers, "num_batches_tracked")
     factor = 0.0 if module.momentum is None else module.momentum
-    if module.training and module.track_running_stats and count is not None:
-        count.add_(1)
+    tracked = _tracked_count(module)
+    if tracked is not None:
+        if count:
+            tracked.add_(1)
         if module.momentum is None:
-            factor = 1.0 / float(count)
+            factor = 1.0 / (float(tracked) + (0 if count else 1))
     training = module.training or (running_mean is None and running_var is None)
     if module.training and not module.track_running_stats:
         running_mean = running_var = None
     return training, running_mean, running_var, factor
+
+
+def _tracked_count(module):
+    """``module``'s ``num_batches_tracked`` where this forward counts a batch, else ``None``."""
+    if not (module.training and module.track_running_stats):
+        return None
+    return registered(module, module._buffers, "num_batches_tracked")
+
+
+def count_batch(module):
+    """Count one batch in ``module``'s ``num_batches_tracked`` where a training forward counts
+    it (the second half of :func:`batch_norm_arguments` with ``count=False``)."""
+    tracked = _tracked_count(module)
+    if tracked is not None:
+        tracked.add_(1)
 
 
 class NormBase(nn.Module):
@@ -168,9 +187,10 @@ class ABN(NormBase):
 
     def _common_arguments(self, input):
         """The positional arguments of :func:`functional.abn` (and the first of
-        :func:`functional.inplace_abn`) for one forward on ``input``."""
+        :func:`functional.inplace_abn`) for one forward on ``input``. The batch is not counted
+        here but by :meth:`_count_batch`, once the functional has accepted the call."""
         self._check_input_dim(input)
-        training, running_mean, running_var, momentum = batch_norm_arguments(self)
+        training, running_mean, running_var, momentum = batch_norm_arguments(self, count=False)
         parameters = self._parameters
         return (input, registered(self, parameters, "weight"),
                 registered(self, parameters, "bias"), running_mean,
@@ -184,7 +204,11 @@ class ABN(NormBase):
 
     @torch.jit.unused
     def _kernel_forward(self, input):
-        return functional.abn(*self._common_arguments(input))
+        return functional.abn(*self._common_arguments(input), on_accept=self._count_batch)
+
+    def _count_batch(self):
+        """Count this forward's batch, once :mod:`layers.functional` has accepted it."""
+        count_batch(self)
 
     def inference_forward(self, input):
         """The eval-mode layer in standard PyTorch ops: ``act(scale * x_hat + bias)`` with the
@@ -246,7 +270,8 @@ class InPlaceABN(ABN):
     @torch.jit.unused
     def _kernel_forward(self, input):
         *arguments, group = self._common_arguments(input)
-        return functional.inplace_abn(*arguments, self.variant, group)
+        return functional.inplace_abn(*arguments, self.variant, group,
+                                      on_accept=self._count_batch)
 
     def extra_repr(self):
         return f"{super().extra_repr()}, variant={self.variant}"
@@ -325,4 +350,4 @@ class InPlaceABNSync(InPlaceABN):
 NORM_TYPES = (_BatchNorm, NormBase)
 
 __all__ = ["NormBase", "ABN", "InPlaceABN", "ABNSync", "InPlaceABNSync", "NORM_TYPES",
-           "batch_norm_arguments", "exporting"]
+           "batch_norm_arguments", "count_batch", "exporting"]

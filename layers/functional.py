@@ -97,6 +97,8 @@ def check_activation(activation, activation_param, inplace):
     if activation == "relu" and activation_param not in (None, 0, 0.0):
         raise ValueError(f"activation_param={activation_param} for relu: relu takes none")
     param = default if activation_param is None else float(activation_param)
+    if not -math.inf < param < math.inf:  # not math.isfinite: torch.compile cannot trace it
+        raise ValueError(f"activation_param={activation_param} must be finite")
     if activation == "leaky_relu" and inplace and not param > 0:
         raise ValueError(
             f"activation_param={param} for leaky_relu is not invertible in place: "
@@ -143,8 +145,8 @@ def _check_input(x, weight, bias, running_mean, running_var, training, eps, mome
         raise ValueError("running_mean and running_var must be given together")
     if not training and running_mean is None:
         raise ValueError("training=False needs running_mean and running_var")
-    if not eps > 0:
-        raise ValueError(f"eps={eps} must be > 0")
+    if not 0 < eps < math.inf:
+        raise ValueError(f"eps={eps} must be finite and > 0")
     if not 0.0 <= momentum <= 1.0:
         raise ValueError(f"momentum={momentum} must lie in [0, 1]")
 
@@ -155,15 +157,26 @@ def _check_inplace_input(x, weight, eps, scale_mode):
     Returns the :class:`_DeviceCheck` of the ``|weight| >= eps`` check where it runs on the
     device (the forward must then guard its writes with its flag), else ``None``.
     """
-    if not torch.is_grad_enabled():
-        return None
     # A compiled graph is functionalized (AOTAutograd turns the in-place write into a new
     # value), so the hazards of an eager in-place write checked here do not arise there.
-    if x.requires_grad and not torch.compiler.is_compiling():
+    eager = not torch.compiler.is_compiling()
+    if eager:
+        _check_writable(x)
+    if not torch.is_grad_enabled():
+        return None
+    if x.requires_grad and eager:
         if x.is_leaf:
             raise ValueError(
                 "input is a leaf tensor that requires grad: an in-place layer would overwrite "
                 "it; pass a non-leaf tensor (e.g. the output of a convolution) or input.clone()"
+                " (inside torch.utils.checkpoint(use_reentrant=True) the recomputation's "
+                "input is such a leaf: use use_reentrant=False around in-place layers)"
+            )
+        base = x._base
+        if base is not None and base.is_leaf and base.requires_grad:
+            raise ValueError(
+                "input is a view of a leaf tensor that requires grad (a slice of a parameter, "
+                "say): an in-place layer would overwrite it; pass input.clone()"
             )
         if isinstance(x.grad_fn, _InPlaceABN._backward_cls):
             raise ValueError(
@@ -173,6 +186,9 @@ def _check_inplace_input(x, weight, eps, scale_mode):
             )
     differentiable = x.requires_grad or (weight is not None and weight.requires_grad)
     if not (differentiable and scale_mode == "bn" and weight is not None):
+        return None
+    if not eager:
+        _assert_invertible_scale_in_graph(weight, eps)
         return None
     if not has_values(weight):  # fake or meta tensors: shapes only, nothing to check
         return None
@@ -195,13 +211,60 @@ def _runs_on_a_copy(x, weight, bias):
       a compiled graph plans its own memory anyway.
     * Under a full backward hook on the layer (``register_full_backward_hook``): the module's
       input is then the output of torch's hook function, which refuses an in-place write.
+    * Inside ``torch.utils.checkpoint(..., use_reentrant=False)``: the checkpoint recomputes
+      the forward from the same input in backward, so that input must not be overwritten.
+    * A view with tensor hooks (``register_hook``): an in-place write to a view moves its
+      autograd history to its base, and the hooks registered on it would never run.
 
     The copy costs one pass over the input and keeps it: the call is then out of place.
     """
     if torch.compiler.is_compiling():
         return torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x, weight, bias))
-    return isinstance(x.grad_fn, BackwardHookFunction._backward_cls)
+    return (isinstance(x.grad_fn, BackwardHookFunction._backward_cls)
+            or (x._base is not None and bool(x._backward_hooks)) or _in_checkpoint())
+
+
+#: The saved-tensor hooks that ``torch.utils.checkpoint(use_reentrant=False)`` installs while
+#: it runs a forward and while it recomputes it (their pack functions' qualified names).
+_CHECKPOINT_HOOKS = ("_checkpoint_hook.", "_recomputation_hook.")
+
+
+def _in_checkpoint():
+    """Whether the current forward runs inside a non-reentrant ``torch.utils.checkpoint``
+    (first run or recomputation), told by the saved-tensor hooks it installs."""
+    hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    return hooks is not None and getattr(hooks[0], "__qualname__", "").startswith(
+        _CHECKPOINT_HOOKS)
+
+
+def _check_writable(x):
+    """Refuse an input that an in-place write would corrupt or that torch forbids writing:
+    an inference tensor outside inference mode, or one whose elements share memory (an
+    expanded or ``as_strided`` tensor), where one output would overwrite another."""
+    if x.is_inference() and not torch.is_inference_mode_enabled():
+        raise ValueError(
+            "input is an inference tensor (made under torch.inference_mode) and an in-place "
+            "layer cannot write it outside inference mode; pass input.clone()"
+        )
+    if _overlapping(x):
+        raise ValueError(
+            f"input has overlapping memory (shape {tuple(x.shape)}, strides {x.stride()}: "
+            "an expanded or as_strided tensor) and an in-place layer would write several "
+            "outputs to one place; pass input.clone()"
+        )
+
+
+def _overlapping(x):
+    """Whether two elements of ``x`` may share memory: its dimensions of size > 1, taken by
+    increasing stride, must each step over all the memory that the smaller ones span (a
+    sufficient test, exact for every layout that views, slices and permutes make)."""
+    span = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(x.shape, x.stride()) if sz > 1):
+        if stride < span:
+            return True
+        span = stride * size
+    return False
 
 
 def has_values(tensor):
@@ -218,6 +281,28 @@ def check_invertible_scale(weight, eps):
     magnitude = weight.detach().abs()
     if not bool(magnitude.ge(eps).all()):
         raise _scale_error(magnitude, eps)
+
+
+def check_scale_where_readable(weight, eps):
+    """:func:`check_invertible_scale` wherever ``weight``'s values can be read: as an operation
+    of the graph under ``torch.compile``, on the host for tensors with values, not at all on
+    fake or meta tensors (shapes only)."""
+    if torch.compiler.is_compiling():
+        _assert_invertible_scale_in_graph(weight, eps)
+    elif has_values(weight):
+        check_invertible_scale(weight, eps)
+
+
+def _assert_invertible_scale_in_graph(weight, eps):
+    """:func:`check_invertible_scale` as an operation of a graph being compiled, which
+    ``torch.compile`` traces (a test on the host would need the weight's values while
+    tracing, which it has not): the compiled step raises a ``RuntimeError`` when it runs
+    with some ``|weight| < eps``. It comes first in the graph, before the layer's kernels."""
+    torch._assert_async(
+        weight.detach().abs().ge(eps).all(),
+        f"scale_mode='bn' needs |weight| >= eps={eps} to invert the scale in backward, but "
+        "|weight| < eps in some channel of weight; use scale_mode='abs' or re-initialise "
+        "weight")
 
 
 def _scale_error(magnitude, eps, note=""):
@@ -739,7 +824,7 @@ class _InPlaceABN(torch.autograd.Function):
 
 def abn(input, weight=None, bias=None, running_mean=None, running_var=None, training=True,
         momentum=0.1, eps=1e-5, activation="leaky_relu", activation_param=None,
-        scale_mode="abs", group=None):
+        scale_mode="abs", group=None, on_accept=None):
     """Batch normalization + activation, out of place (saves ``input`` and the output).
 
     Arguments follow ``torch.nn.functional.batch_norm``; ``activation`` is one of
@@ -747,30 +832,41 @@ def abn(input, weight=None, bias=None, running_mean=None, running_var=None, trai
     with its parameter ``activation_param``. ``scale_mode`` is ``"abs"`` (scale
     ``|weight| + eps``) or ``"bn"`` (scale ``weight``); see the module docstring. ``group``:
     a ``torch.distributed`` process group to synchronise the statistics over, as
-    :func:`inplace_abn` (``None``: no synchronisation).
+    :func:`inplace_abn` (``None``: no synchronisation). ``on_accept``: ``None`` or a function
+    called without arguments once every argument is accepted, before anything is written
+    (the modules count the batch there, so a refused call leaves ``num_batches_tracked``
+    alone).
     """
     act, slope = check_activation(activation, activation_param, inplace=False)
     check_choice("scale_mode", scale_mode, SCALE_MODES)
     _check_input(input, weight, bias, running_mean, running_var, training, eps, momentum)
+    if on_accept is not None:
+        on_accept()
     return _ABN.apply(input, weight, bias, running_mean, running_var, training, momentum, eps,
                       act, slope, scale_mode, group)
 
 
 def inplace_abn(input, weight=None, bias=None, running_mean=None, running_var=None,
                 training=True, momentum=0.1, eps=1e-5, activation="leaky_relu",
-                activation_param=None, scale_mode="abs", variant="II", group=None):
+                activation_param=None, scale_mode="abs", variant="II", group=None,
+                on_accept=None):
     """In-place activated batch normalization: overwrites and returns ``input``.
 
     As :func:`abn`, with ``activation`` restricted to invertible ones (``leaky_relu`` with a
     positive slope, ``elu``, ``identity``), ``variant`` ``"I"`` or ``"II"`` choosing the
     backward pass, and ``group`` a ``torch.distributed`` process group to synchronise the
-    statistics over (``None``: no synchronisation).
+    statistics over (``None``: no synchronisation), ``on_accept`` as in :func:`abn`. It refuses,
+    before writing anything, an input it cannot overwrite safely: a leaf that requires grad or
+    a view of one, the output of another in-place layer, an inference tensor outside inference
+    mode, an input whose elements share memory.
     """
     act, slope = check_activation(activation, activation_param, inplace=True)
     check_choice("variant", variant, VARIANTS)
     check_choice("scale_mode", scale_mode, SCALE_MODES)
     _check_input(input, weight, bias, running_mean, running_var, training, eps, momentum)
     check = _check_inplace_input(input, weight, eps, scale_mode)
+    if on_accept is not None:
+        on_accept()
     if _runs_on_a_copy(input, weight, bias):
         input = input.clone()
     return _InPlaceABN.apply(input, weight, bias, running_mean, running_var, training, momentum,

@@ -82,7 +82,9 @@ def fuse_abn(model):
 
     A pair is folded when a normalization module (``ABN``, ``InPlaceABN``, their synchronised
     versions, ``layers.residual.BatchNormAct2d`` or a torch ``BatchNorm*d``) reads the output
-    of a convolution module that nothing else reads and that is called only there: the
+    of a convolution module that nothing else reads, the two modules being called only
+    there (a norm also applied elsewhere, to an input no convolution folded it into, stays a
+    norm everywhere, unfused): the
     convolution gets the BN's scale and shift (see the module docstring) and the norm becomes
     its bare activation (``nn.LeakyReLU``, ``nn.ELU``, ``nn.ReLU`` or ``nn.Identity``). Other
     norms stay as they are. ``model`` itself is not changed.
@@ -111,7 +113,8 @@ def fuse_abn(model):
         source = node.args[0] if node.args else None
         if not (isinstance(source, fx.Node) and source.op == "call_module"
                 and isinstance(modules[source.target], _CONVOLUTIONS)
-                and len(source.users) == 1 and calls[source.target] == 1):
+                and len(source.users) == 1 and calls[source.target] == 1
+                and calls[node.target] == 1):
             continue
         conv, norm = modules[source.target], modules[node.target]
         _replace(graph_module, source.target, _fold(conv, norm))

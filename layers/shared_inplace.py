@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from .functional import (BackwardSpec, apply_coefficients, check_activation,
-                         check_invertible_scale, has_values, normalize_activate_backward,
+                         check_scale_where_readable, normalize_activate_backward,
                          normalize_activate_into, once_differentiable, reapply_into,
                          scale_and_shift)
 from .kernels import common
@@ -246,9 +246,8 @@ def _checked_spec(norm, features):
     differentiable = torch.is_grad_enabled() and (
         any(f.requires_grad for f in features)
         or (norm.weight is not None and norm.weight.requires_grad))
-    if (differentiable and norm.scale_mode == "bn" and norm.weight is not None
-            and has_values(norm.weight)):
-        check_invertible_scale(norm.weight, norm.eps)
+    if differentiable and norm.scale_mode == "bn" and norm.weight is not None:
+        check_scale_where_readable(norm.weight, norm.eps)
     spec, running_mean, running_var = norm_spec(norm)
     return spec, running_mean, running_var
 

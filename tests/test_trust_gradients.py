@@ -14,8 +14,10 @@ import pytest
 import torch
 
 import layers
-from trust_harness import (EAGER_WAYS, assert_same, autograd_grad, checkpointed, compiled,
-                           inputs, layer_net, observe, plain)
+from model_steps import randomize_norms
+from trust_harness import (EAGER_WAYS, LAYOUTS, assert_same, checkpointed, compiled, inputs,
+                           layer_net, norm_input_tensor_hook, norm_output_tensor_hook, observe,
+                           plain)
 
 CLASSES = [layers.ABN, layers.InPlaceABN, layers.InPlaceABNSync]
 
@@ -40,12 +42,134 @@ def test_hooks_and_autograd_see_the_reference_gradients(cls, way):
 @pytest.mark.parametrize("variant", ["I", "II"])
 @pytest.mark.parametrize("activation,param", [("leaky_relu", 0.2), ("elu", 0.7),
                                               ("identity", None)])
-@pytest.mark.parametrize("channels_last", [False, True], ids=["contiguous", "channels_last"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
-def test_kept_gradients_of_every_configuration(training, channels_last, activation, param,
-                                               variant):
+def test_kept_gradients_of_every_configuration(training, layout, activation, param, variant):
     """The Grad-CAM pattern (a hook keeping the norm output's gradient) in every variant,
     activation, mode and layout."""
-    way = EAGER_WAYS[1]
-    check(*layer_net(layers.InPlaceABN, channels_last=channels_last, training=training,
-                     activation=activation, activation_param=param, variant=variant), way)
+    check(*layer_net(layers.InPlaceABN, layout=layout, training=training,
+                     activation=activation, activation_param=param, variant=variant),
+          norm_output_tensor_hook)
+
+
+# --------------------------------------------------------------------------- torch.compile
+def compile_case(cls, backend, placement, dynamic=False, **kwargs):
+    return pytest.param(cls, backend, placement, dynamic, kwargs,
+                        id=f"{cls.__name__}-{backend}-{placement}"
+                           + ("-dynamic" if dynamic else "")
+                           + "".join(f"-{k}={v}" for k, v in kwargs.items()))
+
+
+#: Each class, placement and backend at least once, with the configurations spread over them.
+COMPILE_CASES = [
+    compile_case(layers.InPlaceABN, "aot_eager", "outside"),
+    compile_case(layers.InPlaceABN, "inductor", "outside", variant="I"),
+    compile_case(layers.ABN, "eager", "outside", activation="elu", activation_param=0.7),
+    compile_case(layers.InPlaceABNSync, "eager", "inside", training=False),
+    compile_case(layers.ABN, "aot_eager", "inside", layout="channels_last"),
+    compile_case(layers.InPlaceABN, "inductor", "inside", layout="channels_last"),
+    compile_case(layers.InPlaceABNSync, "aot_eager", "returned", variant="I"),
+    compile_case(layers.ABN, "inductor", "returned"),
+    compile_case(layers.InPlaceABN, "aot_eager", "breaks", activation="identity"),
+    compile_case(layers.InPlaceABNSync, "eager", "breaks"),
+    compile_case(layers.InPlaceABN, "aot_eager", "outside", dynamic=True, training=False),
+    compile_case(layers.InPlaceABN, "aot_eager", "inside", scale_mode="bn"),
+    compile_case(layers.InPlaceABN, "inductor", "inside", scale_mode="bn", dynamic=True),
+]
+
+
+def net_of(cls, kwargs):
+    """:func:`layer_net` with the layout and mode taken out of ``kwargs``."""
+    kwargs = dict(kwargs)
+    return layer_net(cls, layout=kwargs.pop("layout", "contiguous"),
+                     training=kwargs.pop("training", True), **kwargs)
+
+
+@pytest.mark.parametrize("cls,backend,placement,dynamic,kwargs", COMPILE_CASES)
+def test_compiled_layers_give_the_eager_reference_gradients(cls, backend, placement, dynamic,
+                                                             kwargs):
+    """Compiled with ``fullgraph=True`` (but around the graph breaks): the input gradient that
+    reaches the convolution before the layer, whether that runs inside the graph or outside
+    it, equals the reference's, as do the outputs, parameter gradients and buffers."""
+    net, reference = net_of(cls, kwargs)
+    check(net, reference, compiled(backend, placement, dynamic), reference_way=plain)
+
+
+@pytest.mark.parametrize("backend", [
+    "aot_eager",
+    pytest.param("inductor", marks=pytest.mark.xfail(
+        strict=True, reason="Inductor runs the batch count's increment before the in-graph "
+        "check: num_batches_tracked is counted (input and running statistics are not "
+        "written)"))])
+def test_compiled_bn_scale_mode_refuses_a_zero_weight_before_writing(backend):
+    """``scale_mode="bn"`` compiles with ``fullgraph=True``; the compiled step refuses a weight
+    it cannot invert, naming it, and writes neither the input nor any buffer."""
+    net, _ = layer_net(layers.InPlaceABN, scale_mode="bn")
+    step = torch.compile(lambda t: net.norm(t), backend=backend, fullgraph=True)
+    x, _ = inputs()
+    step(net.features(x)).sum().backward()
+    with torch.no_grad():
+        net.norm.weight[1] = 0.0
+    y = net.features(x)
+    before = [t.clone() for t in (y, *net.norm.buffers())]
+    with pytest.raises(RuntimeError, match="weight"):
+        step(y)
+    assert all(torch.equal(a, b) for a, b in zip((y, *net.norm.buffers()), before))
+
+
+# --------------------------------------------------------------------------- fuse_abn
+class SharedNorm(torch.nn.Module):
+    """One norm applied to a convolution's output and to an input no convolution made."""
+
+    def __init__(self, cls):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 3, 3, padding=1)
+        self.norm = cls(3)
+
+    def forward(self, x):
+        return self.norm(self.conv(x)) + self.norm(x * 2)
+
+
+@pytest.mark.parametrize("cls", [layers.ABN, layers.InPlaceABN, torch.nn.BatchNorm2d],
+                         ids=lambda c: c.__name__)
+def test_fuse_keeps_a_norm_that_is_also_applied_elsewhere(cls):
+    """Folding the norm into the convolution would turn its other call into the bare
+    activation: ``fuse_abn`` leaves that pair unfused and the model computes what it did."""
+    torch.manual_seed(0)
+    model = SharedNorm(cls).double()
+    randomize_norms(model)
+    model.eval()
+    x, _ = inputs(shape=(2, 3, 5, 6))
+    fused = layers.fuse_abn(model)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), model(x), rtol=1e-12, atol=1e-12)
+    assert fused.fused_pairs == []
+
+
+# --------------------------------------------------------------------------- checkpointing
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_non_reentrant_checkpoint_gives_the_reference_gradients(cls):
+    """The recomputation reads the layer's input again: an in-place layer runs on a copy."""
+    check(*layer_net(cls), checkpointed(use_reentrant=False))
+
+
+def test_reentrant_checkpoint_of_an_out_of_place_layer_gives_the_reference_gradients():
+    check(*layer_net(layers.ABN), checkpointed(use_reentrant=True))
+
+
+@pytest.mark.parametrize("cls", [layers.InPlaceABN, layers.InPlaceABNSync],
+                         ids=lambda c: c.__name__)
+def test_reentrant_checkpoint_of_an_in_place_layer_is_refused_clearly(cls):
+    """Reentrant checkpointing runs the first forward under ``no_grad`` on the input it keeps
+    for the recomputation: the in-place layer overwrites it, and the recomputation, given a
+    leaf, is refused with an error that names the fix."""
+    net, _ = layer_net(cls)
+    x, grad = inputs()
+    with pytest.raises(ValueError, match="use_reentrant=False"):
+        observe(net, x, grad, checkpointed(use_reentrant=True))
+
+
+def test_a_hook_on_a_sliced_input_sees_its_gradient():
+    """A hook on an input that is a view (a slice of a convolution's output) still runs."""
+    check(*layer_net(layers.InPlaceABN, channels=1, layout="slice", training=False),
+          norm_input_tensor_hook, shape=(1, 3, 1, 1))

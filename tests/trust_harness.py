@@ -17,33 +17,40 @@ from test_densenet import with_composite_norms
 TOL = 1e-10
 
 
+#: How :class:`ConvNormHead` lays out the norm's input.
+LAYOUTS = ("contiguous", "channels_last", "slice")
+
+
 class ConvNormHead(nn.Module):
     """``head(norm(conv(x)))``: the norm's input comes from a convolution (as an in-place layer
-    needs) and its output gradient from another one, as inside a network. ``channels_last``
-    hands the norm a channels-last input."""
+    needs) and its output gradient from another one, as inside a network. ``layout`` hands the
+    norm a contiguous input, a channels-last one, or a non-contiguous slice (every other
+    channel of a convolution output twice as wide: a view, not of a leaf)."""
 
-    def __init__(self, norm, channels_last=False):
+    def __init__(self, norm, layout="contiguous"):
         super().__init__()
         channels = norm.num_features
-        self.conv = nn.Conv2d(3, channels, 3, padding=1)
+        self.conv = nn.Conv2d(3, channels * (2 if layout == "slice" else 1), 3, padding=1)
         self.norm = norm
         self.head = nn.Conv2d(channels, 2, 1)
-        self.channels_last = channels_last
+        self.layout = layout
 
     def features(self, x):
         """The norm's input."""
         y = self.conv(x)
-        return y.contiguous(memory_format=torch.channels_last) if self.channels_last else y
+        if self.layout == "channels_last":
+            return y.contiguous(memory_format=torch.channels_last)
+        return y[:, ::2] if self.layout == "slice" else y
 
     def forward(self, x):
         return self.head(self.norm(self.features(x)))
 
 
-def layer_net(cls, channels=4, channels_last=False, training=True, seed=0, **kwargs):
+def layer_net(cls, channels=4, layout="contiguous", training=True, seed=0, **kwargs):
     """A float64 :class:`ConvNormHead` around ``cls(channels, **kwargs)`` with norm weights of
     both signs, and its composite reference (same state)."""
     torch.manual_seed(seed)
-    net = ConvNormHead(cls(channels, **kwargs), channels_last).double()
+    net = ConvNormHead(cls(channels, **kwargs), layout).double()
     randomize_norms(net, seed)
     net.train(training)
     return net, reference_of(net)
