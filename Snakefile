@@ -75,7 +75,10 @@ def yaml_typed(value):
     if isinstance(value, list):
         return [yaml_typed(item) for item in value]
     if isinstance(value, str):
-        typed = yaml.safe_load(value) if value.strip() else value
+        try:
+            typed = yaml.safe_load(value) if value.strip() else value
+        except yaml.YAMLError:  # a quoted string that is no YAML scalar, e.g. '[x'
+            return value
         return typed if typed is None or isinstance(typed, (bool, int, float)) else value
     return value
 
