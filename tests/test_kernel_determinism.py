@@ -20,6 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = textwrap.dedent('''
     import sys
 
+    import numba
     import torch
 
     from layers.abn import InPlaceABN
@@ -42,8 +43,9 @@ STEPS = textwrap.dedent('''
                         f"{name}.dweight": layer.weight.grad, f"{name}.dbias": layer.bias.grad,
                         f"{name}.running_var": layer.running_var})
     torch.save(results, sys.argv[1])
+    # Cache hits and misses of every kernel this process compiled or loaded
     dispatchers = [value for value in vars(cpu).values()
-                   if isinstance(value, cpu.numba.core.dispatcher.Dispatcher)]
+                   if isinstance(value, numba.core.dispatcher.Dispatcher)]
     dispatchers += [kernel for value in vars(cpu).values() if isinstance(value, cpu._Variants)
                     for kernel in value._kernels.values()]
     print(sum(len(d.stats.cache_hits) for d in dispatchers),
