@@ -251,15 +251,15 @@ def _run_pairs_rows(src, dst, a, b, act, slope, prefetch=False):
 
 
 _pairs_rows = numba.njit(_run_pairs_rows)
-#: The same where ``x * a + b`` may fuse into one multiply-add, as in the kernels compiled with
-#: ``contract``.
-_pairs_rows_contracted = numba.njit(fastmath={"contract"})(_run_pairs_rows)
+#: The same under the CPU kernels' own fast-math flags (reassociation; ``cpu._parallel_reduction``),
+#: where LLVM may rewrite what it may not in the plain compile.
+_pairs_rows_reassociated = numba.njit(fastmath={"reassoc"})(_run_pairs_rows)
 
 
-@numba.njit(fastmath={"contract"})
-def _scalar_rows_contracted(src, dst, a, b, act, slope):
-    """The scalar loop of the CPU kernels (``cpu._forward_span``) over the rows, contracted as
-    :func:`_pairs_rows_contracted`."""
+@numba.njit(fastmath={"reassoc"})
+def _scalar_rows_reassociated(src, dst, a, b, act, slope):
+    """The scalar loop of the CPU kernels (``cpu._forward_span``) over the rows, compiled as
+    :func:`_pairs_rows_reassociated`."""
     for j in range(src.shape[0]):
         cpu._forward_span(src[j], dst[j], 0, src.shape[1], a, b, act, slope)
 
@@ -302,17 +302,17 @@ def test_bfloat16_pairs_rows_round_every_pattern_as_torch(length, act, slope):
 
 
 @pytest.mark.parametrize("length", [32, 45, 1000])
-def test_bfloat16_pairs_rows_contract_as_the_scalar_loop(length):
-    """Compiled with ``contract`` (as the fused training forward is), the pairs rows fuse
-    ``x * a + b`` as the kernels' scalar loop does: the same bits."""
+def test_bfloat16_pairs_rows_round_as_the_scalar_loop_under_the_kernels_flags(length):
+    """Compiled with the kernels' fast-math flags (as the fused training forward is), the pairs
+    rows round ``x * a + b`` as the kernels' scalar loop does: the same bits."""
     from layers.kernels import common
 
     rows = torch.randn(64, length, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
     a, b, slope = np.float32(1.0 / 3.0), np.float32(0.1), np.float32(0.01)
     got, expected = torch.empty_like(rows), torch.empty_like(rows)
-    _pairs_rows_contracted(codecs.cpu_array(rows), codecs.cpu_array(got), a, b,
+    _pairs_rows_reassociated(codecs.cpu_array(rows), codecs.cpu_array(got), a, b,
                            common.ACT_LEAKY_RELU, slope)
-    _scalar_rows_contracted(codecs.cpu_array(rows), codecs.cpu_array(expected), a, b,
+    _scalar_rows_reassociated(codecs.cpu_array(rows), codecs.cpu_array(expected), a, b,
                             common.ACT_LEAKY_RELU, slope)
     assert torch.equal(_bits(got), _bits(expected))
 
@@ -330,13 +330,13 @@ def _run_pairs_input_rows(z, dz, x, coef, act, slope, mode, out, prefetch=False)
 
 
 _pairs_input_rows = numba.njit(_run_pairs_input_rows)
-_pairs_input_rows_contracted = numba.njit(fastmath={"contract"})(_run_pairs_input_rows)
+_pairs_input_rows_reassociated = numba.njit(fastmath={"reassoc"})(_run_pairs_input_rows)
 
 
-@numba.njit(fastmath={"contract"})
-def _scalar_input_rows_contracted(z, dz, x, coef, act, slope, mode, out):
-    """The kernels' scalar input-gradient loop (``cpu._input_span``) over the rows, contracted
-    as :func:`_pairs_input_rows_contracted`."""
+@numba.njit(fastmath={"reassoc"})
+def _scalar_input_rows_reassociated(z, dz, x, coef, act, slope, mode, out):
+    """The kernels' scalar input-gradient loop (``cpu._input_span``) over the rows, compiled as
+    :func:`_pairs_input_rows_reassociated`."""
     p, q, k0, k1, k2 = coef
     for j in range(z.shape[0]):
         cpu._input_span(z[j], dz[j], x[j], 0, z.shape[1], p, q, k0, k1, k2, act, slope,
@@ -393,9 +393,10 @@ def test_bfloat16_pairs_input_gradient_rows_round_every_pattern_as_torch(length,
 
 
 @pytest.mark.parametrize("from_x", [False, True], ids=["from_y", "from_x"])
-def test_bfloat16_pairs_input_gradient_rows_contract_as_the_scalar_loop(from_x):
-    """Compiled with ``contract``, the input-gradient pairs rows fuse their multiply-adds as
-    the kernels' scalar loop does: the same bits."""
+def test_bfloat16_pairs_input_gradient_rows_round_as_the_scalar_loop_under_the_kernels_flags(
+        from_x):
+    """Compiled with the kernels' fast-math flags, the input-gradient pairs rows round their
+    multiply-adds as the kernels' scalar loop does: the same bits."""
     from layers.kernels import common
 
     mode = common.MODE_XHAT_FROM_X if from_x else common.MODE_XHAT_FROM_Y
@@ -405,9 +406,9 @@ def test_bfloat16_pairs_input_gradient_rows_contract_as_the_scalar_loop(from_x):
     slope = np.float32(0.01)
     arrays = [codecs.cpu_array(t) for t in (z, dz, x)]
     got, expected = torch.empty_like(z), torch.empty_like(z)
-    _pairs_input_rows_contracted(*arrays, coef, common.ACT_LEAKY_RELU, slope, mode,
+    _pairs_input_rows_reassociated(*arrays, coef, common.ACT_LEAKY_RELU, slope, mode,
                                  codecs.cpu_array(got))
-    _scalar_input_rows_contracted(*arrays, coef, common.ACT_LEAKY_RELU, slope, mode,
+    _scalar_input_rows_reassociated(*arrays, coef, common.ACT_LEAKY_RELU, slope, mode,
                                   codecs.cpu_array(expected))
     assert torch.equal(_bits(got), _bits(expected))
 
