@@ -15,9 +15,11 @@ import torch
 
 import layers
 from model_steps import randomize_norms
-from trust_harness import (EAGER_WAYS, LAYOUTS, assert_same, checkpointed, compiled, inputs,
-                           layer_net, norm_input_tensor_hook, norm_output_tensor_hook, observe,
-                           plain)
+from test_densenet import IABN_IMPLS, build_like, tiny
+from trust_harness import (EAGER_WAYS, LAYOUTS, anomaly_mode, assert_same, autograd_grad,
+                           checkpointed, compiled, full_backward_hook, inputs, layer_net,
+                           norm_input_tensor_hook, norm_output_tensor_hook, observe,
+                           output_tensor_hook, plain, reference_of)
 
 CLASSES = [layers.ABN, layers.InPlaceABN, layers.InPlaceABNSync]
 
@@ -173,3 +175,49 @@ def test_a_hook_on_a_sliced_input_sees_its_gradient():
     """A hook on an input that is a view (a slice of a convolution's output) still runs."""
     check(*layer_net(layers.InPlaceABN, channels=1, layout="slice", training=False),
           norm_input_tensor_hook, shape=(1, 3, 1, 1))
+
+
+# --------------------------------------------------------------------------- DenseNets
+#: An InPlaceABN layer of the first dense layer (on its bottleneck convolution's output), which
+#: every implementation calls as a module.
+DENSE_NORM = "features.denseblock1.denselayer1.norm2"
+DENSE_WAYS = [plain, output_tensor_hook(DENSE_NORM), full_backward_hook(DENSE_NORM),
+              full_backward_hook("features.denseblock1.denselayer1.conv2"),
+              autograd_grad(False), anomaly_mode]
+
+
+def dense_nets(impl):
+    """A tiny float64 ``norm="iabn"`` DenseNet-BC in ``impl`` and its composite reference
+    (the naive implementation, every ABN layer replaced by its composite twin)."""
+    torch.manual_seed(1)
+    model, _ = tiny("naive", norm="iabn")
+    model = randomize_norms(model.double())
+    return (build_like(model, impl, "cifar", norm="iabn"),
+            reference_of(build_like(model, "naive", "cifar", norm="iabn")))
+
+
+def dense_inputs():
+    generator = torch.Generator().manual_seed(2)
+    return (torch.randn(3, 3, 8, 8, dtype=torch.float64, generator=generator),
+            torch.randn(3, 10, dtype=torch.float64, generator=generator))
+
+
+@pytest.mark.parametrize("way", DENSE_WAYS, ids=lambda w: w.__name__)
+@pytest.mark.parametrize("impl", IABN_IMPLS)
+def test_densenets_under_hooks_and_autograd(impl, way):
+    net, reference = dense_nets(impl)
+    x, grad = dense_inputs()
+    assert_same(observe(net, x, grad, way), observe(reference, x, grad, way))
+
+
+@pytest.mark.parametrize("impl,backend,fullgraph", [
+    ("naive", "aot_eager", True), ("shared", "aot_eager", True),
+    ("shared_inplace", "aot_eager", True), ("naive", "inductor", True),
+    # Dynamo refuses to put the checkpointed bottleneck in one graph (it counts its calls to
+    # tell the recomputation); it runs between graphs.
+    ("checkpoint", "aot_eager", False)])
+def test_compiled_densenets(impl, backend, fullgraph):
+    net, reference = dense_nets(impl)
+    x, grad = dense_inputs()
+    assert_same(observe(net, x, grad, compiled(backend, "inside", fullgraph=fullgraph)),
+                observe(reference, x, grad, plain))

@@ -85,12 +85,18 @@ def keep(seen, name):
     return lambda g: seen.__setitem__(name, g)
 
 
-def norm_output_tensor_hook(model, x, grad, seen):
-    """A tensor hook on the norm's output keeps its gradient."""
-    def hook(module, args, out):
-        out.register_hook(keep(seen, "hook: norm output grad"))
-    model.norm.register_forward_hook(hook)
-    return plain(model, x, grad, seen)
+def output_tensor_hook(name):
+    """A way in which a tensor hook on the output of ``model.<name>`` keeps its gradient."""
+    def run(model, x, grad, seen):
+        def hook(module, args, out):
+            out.register_hook(keep(seen, f"hook: {name} output grad"))
+        model.get_submodule(name).register_forward_hook(hook)
+        return plain(model, x, grad, seen)
+    run.__name__ = f"{name}_output_tensor_hook"
+    return run
+
+
+norm_output_tensor_hook = output_tensor_hook("norm")
 
 
 def norm_input_tensor_hook(model, x, grad, seen):
@@ -162,18 +168,18 @@ EAGER_WAYS = [plain, norm_output_tensor_hook, norm_input_tensor_hook, norm_outpu
               autograd_grad(True), anomaly_mode]
 
 
-def compiled(backend, placement, dynamic=False):
+def compiled(backend, placement, dynamic=False, fullgraph=True):
     """A way that runs the step with part of it under ``torch.compile(backend=backend)``.
 
     ``placement``: ``"outside"`` compiles the norm alone (its input comes from outside the
     graph), ``"inside"`` the whole network, ``"returned"`` the convolution and the norm (the
     norm's output is the graph's output), ``"breaks"`` the whole network with a graph break
-    before and after the norm.
+    before and after the norm (never ``fullgraph``, else as ``fullgraph`` says).
     """
     def run(model, x, grad, seen):
         torch._dynamo.reset()
-        fullgraph = placement != "breaks"
-        options = dict(backend=backend, fullgraph=fullgraph, dynamic=dynamic)
+        options = dict(backend=backend, fullgraph=fullgraph and placement != "breaks",
+                       dynamic=dynamic)
         if placement == "outside":
             norm = torch.compile(model.norm, **options)
             out = model.head(norm(model.features(x)))
