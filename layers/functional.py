@@ -51,7 +51,10 @@ goes through a custom operator of :mod:`layers.ops` (directly, without the dispa
 plain eager tensors): the operators' fake implementations let these functions run on
 ``FakeTensorMode`` and ``meta`` tensors (shapes only) and under
 ``torch.compile(fullgraph=True)``. The value checks that need data (the ``scale_mode="bn"``
-check above) are skipped on tensors without values.
+check above) are skipped on tensors without values and are operations of the graph under
+``torch.compile``. An autograd function's incoming gradient is never written over (hooks may
+hold it); in-place layers run on a copy of their input where PyTorch would otherwise lose a
+gradient (:func:`_runs_on_a_copy`).
 """
 import functools
 import math
@@ -297,7 +300,8 @@ def _assert_invertible_scale_in_graph(weight, eps):
     """:func:`check_invertible_scale` as an operation of a graph being compiled, which
     ``torch.compile`` traces (a test on the host would need the weight's values while
     tracing, which it has not): the compiled step raises a ``RuntimeError`` when it runs
-    with some ``|weight| < eps``. It comes first in the graph, before the layer's kernels."""
+    with some ``|weight| < eps``, ahead of the layer's kernels in the graph (Inductor may
+    still schedule the module's batch count before it)."""
     torch._assert_async(
         weight.detach().abs().ge(eps).all(),
         f"scale_mode='bn' needs |weight| >= eps={eps} to invert the scale in backward, but "
