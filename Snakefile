@@ -335,32 +335,39 @@ rule densenet_fig5_time_point:
 TABLE2 = config["iabn_table2_capacity"]
 TABLE2_SIMULATED = TABLE2["simulated"]
 EXPERIMENTS["iabn_table2_capacity"] = {
-    "points": [f"{body}_{norm}_{mode}" for body in TABLE2["bodies"] for norm in ("bn", "iabn")
-               for mode in TABLE2["modes"]]
-    + [f"simulated_{dataset}_{body}_{norm}_{mode}"
-       for dataset, spec in TABLE2_SIMULATED["datasets"].items() for body in spec["crops"]
-       if body in TABLE2_SIMULATED["bodies"] for norm in ("bn", "iabn")
-       for mode in TABLE2["modes"]],
+    "points": [f"{prefix}{dataset}_{body}_{norm}_{mode}"
+               for prefix, section in (("", TABLE2), ("simulated_", TABLE2_SIMULATED))
+               for dataset, spec in section["datasets"].items() for body in spec["crops"]
+               if body in section["bodies"] for norm in ("bn", "iabn")
+               for mode in TABLE2["modes"]],
     "notebooks": ["iabn_table2_capacity"],
 }
 
 
-def std_bn_point(wildcards):
-    """FIXED BATCH keeps the STD-BN batch: the STD-BN FIXED CROP point of the same body (and,
-    among the simulated points, of the same data set), an input."""
+def std_bn_point(wildcards, prefix=""):
+    """FIXED BATCH keeps the STD-BN batch: the STD-BN FIXED CROP point of the same data set and
+    body (``prefix``: ``"simulated_"`` among the simulated points), an input."""
     if wildcards.mode != "fixed_batch":
         return []
-    prefix = f"simulated_{wildcards.dataset}_" if hasattr(wildcards, "dataset") else ""
     return [paths.point_json("iabn_table2_capacity", RUN,
-                             f"{prefix}{wildcards.body}_bn_fixed_crop")]
+                             f"{prefix}{wildcards.dataset}_{wildcards.body}_bn_fixed_crop")]
 
 
-def batch_option(wildcards, bodies):
-    """``--batch-from`` the STD-BN point (FIXED BATCH) or ``--batch`` where the FIXED CROP
-    search starts (``bodies``: the profile's per-body settings)."""
-    if wildcards.mode == "fixed_batch":
-        return f"--batch-from {std_bn_point(wildcards)[0]}"
-    return f"--batch {bodies[wildcards.body]['batch']}"
+def simulated_std_bn_point(wildcards):
+    """:func:`std_bn_point` among the simulated points."""
+    return std_bn_point(wildcards, "simulated_")
+
+
+def capacity_args(wildcards, section, std_bn):
+    """The data set's label, classes and crop (its own FIXED CROP crop for the body: each data
+    set's brackets come from its own chain), and ``--batch-from`` the STD-BN point (FIXED
+    BATCH; ``std_bn``: :func:`std_bn_point` or :func:`simulated_std_bn_point`) or ``--batch``
+    where the FIXED CROP search starts (``section``: the real or simulated settings)."""
+    dataset = section["datasets"][wildcards.dataset]
+    batch = (f"--batch-from {std_bn(wildcards)[0]}" if wildcards.mode == "fixed_batch"
+             else f"--batch {section['bodies'][wildcards.body]['batch']}")
+    return (f"--dataset {wildcards.dataset} --classes {dataset['classes']}"
+            f" --crop {dataset['crops'][wildcards.body]} {batch}")
 
 
 rule iabn_table2_capacity_point:
@@ -371,12 +378,13 @@ rule iabn_table2_capacity_point:
         std_bn=std_bn_point,
         code=code("experiments.iabn_table2_capacity"),
     output:
-        paths.point_json("iabn_table2_capacity", RUN, "{body}_{norm}_{mode}"),
+        paths.point_json("iabn_table2_capacity", RUN, "{dataset}_{body}_{norm}_{mode}"),
     log:
-        paths.job_log("iabn_table2_capacity", RUN, "{body}_{norm}_{mode}"),
+        paths.job_log("iabn_table2_capacity", RUN, "{dataset}_{body}_{norm}_{mode}"),
     benchmark:
-        paths.job_benchmark("iabn_table2_capacity", RUN, "{body}_{norm}_{mode}")
+        paths.job_benchmark("iabn_table2_capacity", RUN, "{dataset}_{body}_{norm}_{mode}")
     wildcard_constraints:
+        dataset="|".join(TABLE2["datasets"]),
         body="|".join(TABLE2["bodies"]),
         norm="bn|iabn",
         mode="fixed_crop|fixed_batch",
@@ -385,15 +393,14 @@ rule iabn_table2_capacity_point:
         **cluster_resources(TABLE2),
     params:
         cfg=TABLE2,
-        batch=lambda wildcards: batch_option(wildcards, TABLE2["bodies"]),
+        args=lambda wildcards: capacity_args(wildcards, TABLE2, std_bn_point),
         method="" if TABLE2["method"] is None else f"--method {TABLE2['method']}",
         fit_batches=" ".join(str(n) for n in TABLE2["fit_batches"]),
         fit_crops=" ".join(str(c) for c in TABLE2["fit_crops"]),
     shell:
         "{PYTHON_M} experiments.iabn_table2_capacity --body {wildcards.body}"
-        " --norm {wildcards.norm} --mode {wildcards.mode} --crop {params.cfg[crop]}"
-        " {params.batch} --budget-mib {params.cfg[budget_mib]}"
-        " --width {params.cfg[width]} --classes {params.cfg[classes]}"
+        " --norm {wildcards.norm} --mode {wildcards.mode} {params.args}"
+        " --budget-mib {params.cfg[budget_mib]} --width {params.cfg[width]}"
         " --layout {params.cfg[layout]} {params.method} --crop-step {params.cfg[crop_step]}"
         " --fit-batches {params.fit_batches} --fit-crops {params.fit_crops}"
         " --device {DEVICE} --dtype {params.cfg[dtype]} --threads {threads}"
@@ -401,19 +408,11 @@ rule iabn_table2_capacity_point:
         " > {log} 2>&1"
 
 
-def simulated_capacity_args(wildcards):
-    """The data set's classes and crop, and the batch option (:func:`batch_option`)."""
-    dataset = TABLE2_SIMULATED["datasets"][wildcards.dataset]
-    return (f"--dataset {wildcards.dataset} --classes {dataset['classes']}"
-            f" --crop {dataset['crops'][wildcards.body]}"
-            f" {batch_option(wildcards, TABLE2_SIMULATED['bodies'])}")
-
-
 rule iabn_table2_capacity_simulated_point:
     """InPlace-ABN Table 2 brackets at the paper's sizes (full width, the paper's crops, 12 GiB
     per GPU), every probe's training step simulated on the meta device: tensor memory, no GPU."""
     input:
-        std_bn=std_bn_point,
+        std_bn=simulated_std_bn_point,
         code=code("experiments.iabn_table2_capacity"),
     output:
         paths.point_json("iabn_table2_capacity", RUN, "simulated_{dataset}_{body}_{norm}_{mode}"),
@@ -433,7 +432,8 @@ rule iabn_table2_capacity_simulated_point:
     params:
         cfg=TABLE2,
         sim=TABLE2_SIMULATED,
-        args=simulated_capacity_args,
+        args=lambda wildcards: capacity_args(wildcards, TABLE2_SIMULATED,
+                                             simulated_std_bn_point),
     shell:
         "{PYTHON_M} experiments.iabn_table2_capacity --simulate --body {wildcards.body}"
         " --norm {wildcards.norm} --mode {wildcards.mode} {params.args}"

@@ -40,11 +40,12 @@ def test_every_table2_cell_and_bottom_row_is_a_point(profile):
     top += [f"{b}_cocostuff_{c}" for b in cocostuff for c in seg_plan.CONFIGS]
     assert sorted(specs) == sorted(top + ["bottom_cityscapes", "bottom_cityscapes_cus",
                                           "bottom_vistas_cus"])
-    # each top cell takes its batch compilation from the same body's capacity point
+    # each top cell takes its batch compilation from the capacity point of its own data set
+    # and body
     assert specs["resnext101_cityscapes_iabn_sync_fixed_batch"]["capacity"] == \
-        "resnext101_iabn_fixed_batch"
+        "cityscapes_resnext101_iabn_fixed_batch"
     assert specs["wideresnet38_cocostuff_bn_fixed_crop"]["capacity"] == \
-        "wideresnet38_bn_fixed_crop"
+        "cocostuff_wideresnet38_bn_fixed_crop"
     assert specs["wideresnet38_cocostuff_bn_fixed_crop"]["norm"] == "bn"
     assert "bodies" not in specs["wideresnet38_cocostuff_bn_fixed_crop"]
     assert specs["bottom_cityscapes_cus"]["class_uniform"] is True
@@ -65,6 +66,21 @@ def test_a_body_unlike_the_capacity_networks_is_refused():
         seg_plan.check_capacity(specs, capacity)
     with pytest.raises(ValueError, match="width"):
         seg_plan.check_capacity(specs, dict(config["iabn_table2_capacity"], width=0.5))
+
+
+def test_a_top_point_without_a_capacity_chain_of_its_own_data_set_is_refused():
+    """COCO-Stuff's cells are not judged from Cityscapes' capacity points: a top point whose
+    data set (or body within it) has no capacity chain stops the plan, naming the key."""
+    config = copy.deepcopy(_profile("paper"))
+    specs = _specs(config)
+    capacity = config["iabn_table2_capacity"]
+    del capacity["datasets"]["cocostuff"]
+    with pytest.raises(ValueError, match=r"resnext101_cocostuff_bn_fixed_crop.*"
+                                         r"datasets\.cocostuff\.crops\.resnext101"):
+        seg_plan.check_capacity(specs, capacity)
+    capacity["datasets"]["cocostuff"] = {"classes": 91, "crops": {"wideresnet38": 496}}
+    with pytest.raises(ValueError, match=r"data set 'cocostuff' and body 'resnext101'"):
+        seg_plan.check_capacity(specs, capacity)
 
 
 def test_a_pretrained_point_of_another_network_is_refused():
@@ -197,6 +213,20 @@ def test_capacity_sets_crops_and_another_experiments_file_is_refused(cityscapes_
     with pytest.raises(SystemExit):
         _check(*options, "--capacity", capacity)
     assert "expected iabn_table2_capacity" in capsys.readouterr().err
+
+
+def test_a_capacity_point_of_another_data_set_is_refused(cityscapes_tree, tmp_path, capsys):
+    """A Cityscapes point does not train at COCO-Stuff's capacity (91 classes, 480^2 crops)."""
+    capacity = tmp_path / "cocostuff_resnext101_bn_fixed_crop.json"
+    capacity.write_text(json.dumps({
+        "experiment": "iabn_table2_capacity",
+        "config": {"mode": "fixed_crop", "dataset": "cocostuff", "classes": 91},
+        "results": [{"kind": "capacity", "crops": 4, "crop_size": 480}]}))
+    with pytest.raises(SystemExit) as exit_:
+        _check("--dataset", "cityscapes", "--data", cityscapes_tree, "--body", "resnext101",
+               "--norm", "iabn", "--epochs", "1", *_outputs(tmp_path), "--capacity", capacity)
+    assert exit_.value.code == 2
+    assert "data set 'cocostuff', not of --dataset cityscapes" in capsys.readouterr().err
 
 
 def test_a_checkpoint_of_another_layout_is_refused_before_training(cityscapes_tree, tmp_path):

@@ -27,9 +27,9 @@ EXPERIMENT_POINTS = {
     "densenet_fig4_memory": lambda section: [f"{impl}_d{depth}" for impl in section["impls"]
                                              for depth in section["depths"]],
     "densenet_fig5_time": lambda section: [f"d{depth}" for depth in section["depths"]],
-    "iabn_table2_capacity": lambda section: [f"{body}_{norm}_{mode}" for body in section["bodies"]
-                                             for norm in ("bn", "iabn")
-                                             for mode in section["modes"]],
+    "iabn_table2_capacity": lambda section: [
+        f"{dataset}_{body}_{norm}_{mode}" for dataset, spec in section["datasets"].items()
+        for body in spec["crops"] for norm in ("bn", "iabn") for mode in section["modes"]],
 }
 #: experiment -> its points simulated on the meta device (rule ``<experiment>_simulated_point``)
 SIMULATED_POINTS = {
@@ -126,6 +126,56 @@ def test_experiment_target_plans_only_its_own_jobs(workdir, experiment):
     assert job_counts(result.stdout) == {f"{experiment}_point": len(points),
                                          **simulated_jobs(experiment, profile("smoke")[experiment]),
                                          "aggregate": 1, "render": 1, experiment: 1}
+
+
+#: InPlace-ABN Table 2 top, the paper's FIXED CROP cells: data set -> (classes, crop size per
+#: body). Cityscapes 16 / 20 x 512^2 (19 classes); COCO-Stuff 16 x 480^2 (ResNeXt-101) and
+#: 20 x 496^2 (WideResNet-38), 91 stuff classes (Sec. 4.2).
+PAPER_TABLE2_CELLS = {"cityscapes": (19, {"resnext101": 512, "wideresnet38": 512}),
+                      "cocostuff": (91, {"resnext101": 480, "wideresnet38": 496})}
+
+
+def shell_options(command):
+    """``{option: value}`` of a planned command's ``--name value`` pairs (flags: ``None``)."""
+    words = command.split(" > ")[0].split()
+    return {word: (words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--")
+                   else None)
+            for i, word in enumerate(words) if word.startswith("--")}
+
+
+def planned_commands(output, module):
+    """The options (:func:`shell_options`) of each planned shell command running ``module``."""
+    return [shell_options(line) for line in re.findall(r"^Shell command: (.*)$", output, re.M)
+            if f" -m {module} " in line]
+
+
+def test_paper_table2_points_take_the_capacity_chain_of_their_own_data_set(workdir):
+    """Each Table 2 top point of the paper profile reads its crops and crop size from a
+    capacity point of its own data set and body, searched at that data set's classes and the
+    paper's FIXED CROP crop of its column; FIXED BATCH points keep the batch of the same data
+    set's STD-BN point."""
+    result = snakemake(workdir, "-n", "-p", "iabn_table2_segmentation", "--config",
+                       "profile=paper")
+    assert result.returncode == 0, result.stderr
+    capacity = {Path(options["--out"]).stem: options for options in
+                planned_commands(result.stdout, "experiments.iabn_table2_capacity")}
+    top = [options for options in
+           planned_commands(result.stdout, "experiments.iabn_table2_segmentation")
+           if "--capacity" in options]
+    assert sorted((o["--dataset"], o["--body"]) for o in top) == sorted(
+        (dataset, body) for dataset, (_, crops) in PAPER_TABLE2_CELLS.items()
+        for body in crops for _config in range(4))
+    for point in top:
+        dataset, body = point["--dataset"], point["--body"]
+        classes, crops = PAPER_TABLE2_CELLS[dataset]
+        chain = capacity[Path(point["--capacity"]).stem]
+        assert (chain["--dataset"], chain["--body"]) == (dataset, body), point["--capacity"]
+        assert (chain["--classes"], chain["--crop"]) == (str(classes), str(crops[body]))
+        if chain["--mode"] == "fixed_batch":
+            std_bn = capacity[Path(chain["--batch-from"]).stem]
+            assert (std_bn["--dataset"], std_bn["--body"], std_bn["--norm"],
+                    std_bn["--mode"]) == (dataset, body, "bn", "fixed_crop")
+            assert std_bn["--crop"] == str(crops[body])
 
 
 # --------------------------------------------------------------------------- validation

@@ -8,8 +8,10 @@ shares), ``pretrained`` (body -> the ``iabn_table1_imagenet`` point whose weight
 and optionally naming its own ``bodies``, x the four batch compilations of :data:`CONFIGS`) and ``bottom`` (Table 2 bottom: point name ->
 the keys it overrides, including ``body``, ``norm``, ``dataset``, ``crops`` and ``crop``).
 
-A top point takes its crops and crop size from the capacity point of the same body (the
-norm and mode in :data:`CONFIGS`), so Table 2's brackets and its mIoU come from one chain; a
+A top point takes its crops and crop size from the capacity point of the same data set and
+body (the norm and mode in :data:`CONFIGS`): each data set has its own chain (its classes and
+FIXED CROP crop: Cityscapes 512^2, COCO-Stuff 480^2 and 496^2), so Table 2's brackets and its
+mIoU come from one chain; a
 bottom point (the paper's tuned runs) states them. Every point's body has the architecture
 arguments (``width``, ``preact``) of its ImageNet point, so the checkpoint fits.
 """
@@ -53,7 +55,7 @@ def point_specs(section, training):
             for config, (norm, capacity) in CONFIGS.items():
                 specs[f"{body}_{dataset}_{config}"] = {
                     **defaults, **overrides, "body": body, "dataset": dataset, "norm": norm,
-                    "config": config, "capacity": f"{body}_{capacity}"}
+                    "config": config, "capacity": f"{dataset}_{body}_{capacity}"}
     for name, overrides in section["bottom"].items():
         if name in specs:
             raise ValueError(f"iabn_table2_segmentation.bottom.{name}: the name of a top point")
@@ -67,13 +69,25 @@ def point_specs(section, training):
     return specs
 
 
+def _check_chain(name, spec, capacity):
+    """Raise ``ValueError`` unless the capacity experiment has points of the top point's own
+    data set and body (``datasets.<dataset>.crops.<body>`` and ``bodies.<body>``)."""
+    crops = capacity["datasets"].get(spec["dataset"], {}).get("crops", {})
+    if spec["body"] not in crops or spec["body"] not in capacity["bodies"]:
+        raise ValueError(f"iabn_table2_segmentation point {name}: no capacity point of data set "
+                         f"{spec['dataset']!r} and body {spec['body']!r}, which give its crops: "
+                         f"add iabn_table2_capacity.datasets.{spec['dataset']}.crops."
+                         f"{spec['body']} (and bodies.{spec['body']})")
+
+
 def check_capacity(specs, capacity):
-    """Raise ``ValueError`` unless each top point's body matches the capacity experiment's
-    networks (``width``; ResNeXt's ``layout``): the brackets must be those of the trained
-    network."""
+    """Raise ``ValueError`` unless each top point has a capacity chain of its own data set and
+    body (:func:`_check_chain`) and its body matches the capacity experiment's networks
+    (``width``; ResNeXt's ``layout``): the brackets must be those of the trained network."""
     for name, spec in specs.items():
         if spec["capacity"] is None:
             continue
+        _check_chain(name, spec, capacity)
         args = spec["model_args"]
         if args.get("width", 1.0) != capacity["width"]:
             raise ValueError(f"iabn_table2_segmentation point {name}: body width "

@@ -153,14 +153,19 @@ def parser(experiment, description):
     return p
 
 
-def read_capacity(path):
+def read_capacity(path, dataset):
     """``(crops, crop_size, config)`` of an ``iabn_table2_capacity`` point's JSON artifact;
-    raises ``ValueError`` naming the file if it is not one."""
+    raises ``ValueError`` naming the file if it is not one, or if it was searched for another
+    data set than ``dataset`` (its classes and crop: a data set's brackets are its own). A
+    point without a data set label is taken as it is."""
     from ..iabn_table2_capacity import capacity_record
     try:
         config, record = capacity_record(path)
     except ValueError as error:
         raise ValueError(f"--capacity {error}") from error
+    if config.get("dataset") not in (None, dataset):
+        raise ValueError(f"--capacity {path}: a point of data set {config['dataset']!r}, "
+                         f"not of --dataset {dataset}")
     return record["crops"], record["crop_size"], {
         "capacity_point": Path(path).stem, "capacity_mode": config.get("mode"),
         "capacity_norm": config.get("norm"), "capacity_method": config.get("method"),
@@ -187,7 +192,8 @@ def check(p, args):
             p.error("--capacity sets the crops and the crop size: give it or --crops and "
                     "--crop, not both")
         try:
-            args.crops, args.crop, args.capacity_config = read_capacity(args.capacity)
+            args.crops, args.crop, args.capacity_config = read_capacity(args.capacity,
+                                                                        args.dataset)
         except ValueError as error:
             p.error(str(error))
     elif args.crops is None or args.crop is None:
