@@ -10,13 +10,19 @@ The reference is the same network with every ABN layer replaced by its composite
 least once rather than as the full cross-product: the ``inductor`` compiles take tens of
 seconds each on a small machine.
 """
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 import layers
 from model_steps import randomize_norms
 from test_densenet import IABN_IMPLS, build_like, tiny
-from trust_harness import (EAGER_WAYS, LAYOUTS, anomaly_mode, assert_same, autograd_grad,
+from trust_harness import (EAGER_WAYS, LAYOUTS, TOL, anomaly_mode, assert_same, autograd_grad,
                            checkpointed, compiled, full_backward_hook, inputs, layer_net,
                            norm_input_tensor_hook, norm_output_tensor_hook, observe,
                            output_tensor_hook, plain, reference_of)
@@ -221,3 +227,23 @@ def test_compiled_densenets(impl, backend, fullgraph):
     x, grad = dense_inputs()
     assert_same(observe(net, x, grad, compiled(backend, "inside", fullgraph=fullgraph)),
                 observe(reference, x, grad, plain))
+
+
+# --------------------------------------------------------------------------- DDP
+def test_ddp_with_a_kept_gradient(tmp_path):
+    """Two gloo ranks of ``DistributedDataParallel`` (its gradient hooks on the parameters) with
+    a tensor hook keeping the in-place norm's output gradient: the kept gradient, the input
+    gradient and the averaged parameter gradients equal the composite reference's
+    (``tests/trust_ddp_worker.py``)."""
+    worker = Path(__file__).resolve().parent / "trust_ddp_worker.py"
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    init_method = (tmp_path / "rendezvous").as_uri()
+    ranks = [subprocess.Popen([sys.executable, str(worker), str(rank), "2", init_method,
+                               str(tmp_path)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for rank in range(2)]
+    outputs = [rank.communicate(timeout=120)[0] for rank in ranks]
+    for rank, output in zip(ranks, outputs):
+        assert rank.returncode == 0, output
+    for rank in range(2):
+        errors = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert all(error <= TOL for error in errors.values()), (rank, errors)
