@@ -39,6 +39,19 @@ def test_point_specs_merge_defaults_and_model_args():
     assert specs["b"]["model"] == "densenet264" and specs["b"]["norm"] == "iabn"
 
 
+def test_paper_table1_trains_on_the_papers_four_gpus():
+    """InPlace-ABN Sec. 4: "machines comprising four NVIDIA Titan Xp cards"; STD-BN's batch 256
+    is "the maximum batch size that fits in GPU memory", i.e. 64 images on each of four GPUs
+    (the InPlace-ABN 512 row: 128)."""
+    import yaml
+
+    profile = yaml.safe_load((ROOT / "experiments" / "config" / "paper.yaml").read_text())
+    specs = plan.point_specs(profile["iabn_table1_imagenet"])
+    assert {name: spec["nproc"] for name, spec in specs.items()} == dict.fromkeys(specs, 4)
+    per_gpu = {name: spec["batch"] // spec["nproc"] for name, spec in specs.items()}
+    assert per_gpu["resnext101_bn_256"] == 64 and per_gpu["resnext101_iabn_512"] == 128
+
+
 def test_command_launches_several_ranks_forked_on_the_cpu_and_by_torchrun_on_cuda():
     specs = plan.point_specs(SECTION)
     outputs = {"out": "o.json", "epochs_csv": "o.csv", "weights": "o.pt", "work_dir": "w"}
