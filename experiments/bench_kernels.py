@@ -19,9 +19,8 @@ for the layer and the composite alike. The contenders (:class:`Contenders`):
   leaky ReLU 0.01) forward + backward. The input is a fresh non-leaf copy of a fixed one for
   every run (:class:`Refill`), as an in-place layer needs, and the incoming gradient a fresh
   copy of a fixed one that the backward receives as in a network, from the next layer's
-  backward, which holds it no longer (:class:`HandOver`): the layer may then write its input
-  gradient over it
-  (:func:`layers.functional.owned_gradient`);
+  backward, which holds it no longer (:class:`HandOver`), so both contenders see what a
+  network hands them (the layer never writes over it: a hook may keep it);
 * ``composite_fwd_bwd``: ``F.batch_norm(training=True)`` + ``F.leaky_relu(0.01)`` forward +
   backward through autograd, on the same kind of input and gradient;
 * ``aten_inplace_fwd_bwd``: the same in-place layer written with ATen operators

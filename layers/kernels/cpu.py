@@ -1154,8 +1154,8 @@ def backward_input(z, dz, x, p, q, coef, act, slope, mode, out):
 
     The kernel runs in place over the incoming gradient (each element read, then overwritten);
     into another ``out`` it runs on a copy of ``dz`` made there first. One compiled kernel per
-    dtype and layout instead of two, for one extra pass on the rarer call: the layers write over
-    the incoming gradient whenever nothing else holds it (``functional.owned_gradient``).
+    dtype and layout instead of two, for one extra pass where ``out`` is new: the shared-storage
+    layers write over a gradient their own backward created, which no one else can hold.
     """
     if _empty(z):
         return
