@@ -77,6 +77,27 @@ def test_a_resume_with_other_result_changing_options_is_refused_naming_each(kill
     assert not work.exists()  # the finished point removed the folder it created
 
 
+def test_the_imagenet_crop_style_is_part_of_the_resume_fingerprint(tmp_path):
+    """Random-sized crops (DenseNet Fig. 6) train other weights than shorter-side crops: a
+    resume with the other style is refused, and the artifact's config records the style."""
+    from experiments.train import point
+
+    (tmp_path / "data").mkdir()
+    p = point.parser("densenet_fig6_imagenet", "")
+
+    def parsed(*extra):
+        return point.check(p, p.parse_args([
+            "--dataset", "imagenet", "--data", str(tmp_path / "data"), "--model",
+            "densenet264", "--epochs", "1", "--batch", "2", "--schedule", "step",
+            "--out", "o.json", "--epochs-csv", "o.csv", "--weights", "o.pt",
+            "--work-dir", str(tmp_path / "work"), *extra]))
+
+    default, scaled = parsed(), parsed("--crop-style", "random_resized")
+    assert point.resume_options(default)["--crop-style"] == "resize_crop"
+    assert point.resume_options(scaled)["--crop-style"] == "random_resized"
+    assert point.configuration(scaled, {})["crop_style"] == "random_resized"
+
+
 def test_a_segmentation_resume_matches_the_pretrained_weights_by_content(tmp_path):
     """The body's ImageNet weights are what a segmentation point starts from: the same file
     moved elsewhere resumes, other weights under the same name do not; paths and --workers

@@ -299,6 +299,60 @@ def test_ten_crop_and_center_crop(imagenet):
             imagenet_eval(*args)
 
 
+def _coordinate_image(size=200):
+    """An RGB image whose red channel is each pixel's column and green its row."""
+    xs, ys = np.meshgrid(np.arange(size), np.arange(size))
+    return Image.fromarray(np.stack([xs, ys, np.zeros_like(xs)], -1).astype(np.uint8))
+
+
+def _crop_extent(out):
+    """``(width, height)`` in source pixels of a crop of a :func:`_coordinate_image` resized to
+    ``out`` (PIL): output pixels k = 0 and n - 1 sample the source at ``(k + 0.5) w / n``."""
+    rgb = np.asarray(out, dtype=np.float64)
+    n = rgb.shape[0]
+    return tuple((rgb[:, :, c].max() - rgb[:, :, c].min()) * n / (n - 1) for c in (0, 1))
+
+
+def test_the_points_crop_style_option_gives_fb_resnet_torch_scale_augmentation(imagenet,
+                                                                                tmp_path):
+    """``--crop-style random_resized`` reaches the point's ImageNet training set: crops of
+    8%-100% of the image's area at aspect 3/4-4/3 (fb.resnet.torch's RandomSizedCrop, DenseNet
+    Fig. 6), resized to --crop, different from sample to sample; the default keeps InPlace-ABN's
+    shorter side to --resize, then a random --crop crop."""
+    from experiments.train import point
+
+    def train_set(*style):
+        args = point.parser("densenet_fig6_imagenet", "").parse_args(
+            ["--dataset", "imagenet", "--data", str(imagenet), "--model", "densenet_bc",
+             "--epochs", "1", "--batch", "2", "--schedule", "step", "--resize", "40",
+             "--crop", "32", *style,
+             "--eval", "c=center:40:32", "--out", str(tmp_path / "o.json"), "--epochs-csv",
+             str(tmp_path / "o.csv"), "--weights", str(tmp_path / "o.pt"), "--work-dir",
+             str(tmp_path / "w")])
+        return point.datasets(args)[0]
+
+    image = _coordinate_image()
+    for style, expected in ((["--crop-style", "random_resized"], "RandomResizedCrop"),
+                            ([], "Resize")):
+        train = train_set(*style)
+        assert train[0][0].shape == (3, 32, 32)
+        geometry = train.transform.transforms[0]
+        assert type(geometry).__name__ == expected
+    geometry = train_set("--crop-style", "random_resized").transform.transforms[0]
+    areas, aspects = [], []
+    for seed in range(40):
+        torch.manual_seed(seed)
+        out = geometry(image)
+        assert out.size == (32, 32)
+        width, height = _crop_extent(out)
+        areas.append(width * height / 200 ** 2)
+        aspects.append(width / height)
+    # Rounding to whole pixels and the resampling filter's edges: a few percent either side.
+    assert 0.08 * 0.9 <= min(areas) and max(areas) <= 1.0 * 1.05
+    assert 3 / 4 * 0.9 <= min(aspects) and max(aspects) <= 4 / 3 * 1.1
+    assert max(areas) - min(areas) > 0.4, areas  # the scale varies over the 8%-100% range
+
+
 def test_imagenet_train_transform_shapes_and_styles(imagenet):
     image = Image.open(ImageNet(imagenet, "train").samples[0][0]).convert("RGB")
     for style in ("resize_crop", "random_resized"):

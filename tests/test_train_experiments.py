@@ -23,6 +23,7 @@ SECTION = {
     "defaults": {"dataset": "imagenet", "model": "resnext101", "model_args": {"width": 0.5},
                  "norm": "iabn", "epochs": 3, "batch": 32, "lr": 0.1, "schedule": "step",
                  "schedule_args": {"step_epochs": 30}, "nproc": 1, "resize": 36, "crop": 32,
+                 "crop_style": "resize_crop",
                  "evals": {"center224": {"mode": "center", "resize": 36, "crop": 32}},
                  "workers": 0, "threads": 1, "seed": 0, "dtype": "float32",
                  "device": "cpu"},
@@ -50,6 +51,20 @@ def test_paper_table1_trains_on_the_papers_four_gpus():
     assert {name: spec["nproc"] for name, spec in specs.items()} == dict.fromkeys(specs, 4)
     per_gpu = {name: spec["batch"] // spec["nproc"] for name, spec in specs.items()}
     assert per_gpu["resnext101_bn_256"] == 64 and per_gpu["resnext101_iabn_512"] == 128
+
+
+def test_paper_fig6_trains_with_fb_resnet_torchs_random_sized_crops():
+    """DenseNet Sec. 5: ImageNet "following the same procedure described in [9]"
+    (fb.resnet.torch's scale augmentation); InPlace-ABN Sec. 4.1: shorter side 256, random
+    224 crops. Each point's command carries its style."""
+    import yaml
+
+    profile = yaml.safe_load((ROOT / "experiments" / "config" / "paper.yaml").read_text())
+    for experiment, style in (("densenet_fig6_imagenet", "random_resized"),
+                              ("iabn_table1_imagenet", "resize_crop")):
+        for spec in plan.point_specs(profile[experiment]).values():
+            words = plan.arguments({**spec, "device": "cuda"}, "/data")
+            assert words[words.index("--crop-style") + 1] == style, experiment
 
 
 def test_command_launches_several_ranks_forked_on_the_cpu_and_by_torchrun_on_cuda():

@@ -73,7 +73,8 @@ def arguments(spec, data_root):
     for key, value in spec.get("schedule_args", {}).items():
         args += ["--schedule-arg", f"{key}={_value(value)}"]
     if spec["dataset"] == "imagenet":
-        args += ["--resize", spec["resize"], "--crop", spec["crop"]]
+        args += ["--resize", spec["resize"], "--crop", spec["crop"],
+                 "--crop-style", spec["crop_style"]]
         for name, ev in spec["evals"].items():
             args += ["--eval", f"{name}={ev['mode']}:{ev['resize']}:{ev['crop']}"]
     return [str(a) for a in args]

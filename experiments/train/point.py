@@ -97,6 +97,12 @@ def parser(experiment, description, *, model=None, datasets=DATASETS):
                       help="ImageNet training: shorter side scaled to this (default: 256)")
     data.add_argument("--crop", type=int, default=224,
                       help="ImageNet training: random crops of this size (default: 224)")
+    data.add_argument("--crop-style", choices=transforms.CROP_STYLES, default="resize_crop",
+                      help="ImageNet training crops: resize_crop (shorter side to --resize, a "
+                           "random --crop crop: InPlace-ABN's text) or random_resized "
+                           "(fb.resnet.torch's scale augmentation, 8%%-100%% of the area, "
+                           "aspect 3/4-4/3, resized to --crop: DenseNet's ImageNet runs) "
+                           "(default: resize_crop)")
     data.add_argument("--eval", dest="evals", action="append", type=_evaluation, default=None,
                       metavar="NAME=MODE:RESIZE:CROP",
                       help="ImageNet evaluations (repeatable; default: Table 1's "
@@ -191,7 +197,8 @@ def datasets(args):
     """``(train_set, {name: engine.EvalSet}, num_classes)`` of ``args.dataset``."""
     if args.dataset == "imagenet":
         train = imagenet.ImageNet(args.data, "train",
-                                  transforms.imagenet_train(args.resize, args.crop))
+                                  transforms.imagenet_train(args.resize, args.crop,
+                                                            crop_style=args.crop_style))
         evals = {name: engine.EvalSet(
                      imagenet.ImageNet(args.data, "val",
                                        transforms.imagenet_eval(mode, resize, crop)),
@@ -208,14 +215,15 @@ def resume_options(args):
     seed, model layout, data set lengths), by their command-line names: ``--dataset``,
     ``--model``, ``--model-arg`` and ``--norm`` (``bn`` and ``iabn`` share one state-dict
     layout), ``--device``, ``--dtype`` and ``--threads`` (another thread count sums in
-    another order, so gradients differ), and ImageNet's ``--resize``, ``--crop`` and
-    ``--eval`` (CIFAR ignores them). Paths, ``--workers`` (batches do not depend on it) and
+    another order, so gradients differ), and ImageNet's ``--resize``, ``--crop``,
+    ``--crop-style`` and ``--eval`` (CIFAR ignores them). Paths, ``--workers`` (batches do not depend on it) and
     the outputs change no result and are left out."""
     options = {"--dataset": args.dataset, "--model": args.model,
                "--model-arg": dict(args.model_args), "--norm": args.norm,
                "--device": args.device, "--dtype": args.dtype, "--threads": args.threads}
     if args.dataset == "imagenet":
         options.update({"--resize": args.resize, "--crop": args.crop,
+                        "--crop-style": args.crop_style,
                         "--eval": [list(ev) for ev in args.evals]})
     return options
 
@@ -241,7 +249,7 @@ def configuration(args, model_args):
               "momentum": args.momentum, "nesterov": True, "weight_decay": args.weight_decay,
               "workers": args.workers}
     if args.dataset == "imagenet":
-        config.update(resize=args.resize, crop=args.crop)
+        config.update(resize=args.resize, crop=args.crop, crop_style=args.crop_style)
     return config
 
 
