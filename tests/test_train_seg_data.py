@@ -99,9 +99,11 @@ VISTAS_LABELS = [
 ]
 
 
-def make_vistas(root):
+def make_vistas(root, config="config.json", labels="labels"):
+    """A tiny Vistas tree: the v1.x archive's layout, or with ``config="config_v1.2.json",
+    labels="v1.2/labels"`` the v2.0 download's research edition v1.2."""
     root.mkdir(parents=True, exist_ok=True)
-    (root / "config.json").write_text(json.dumps({"labels": VISTAS_LABELS}))
+    (root / config).write_text(json.dumps({"labels": VISTAS_LABELS}))
     palette = [c for lab in VISTAS_LABELS for c in lab["color"]]
     palette += [7] * (768 - len(palette))
     label = np.zeros((6, 9), np.uint8)                  # road -> 0
@@ -111,7 +113,7 @@ def make_vistas(root):
         for i, key in enumerate(keys):
             Image.fromarray(_rgb(i, 6, 9)).save(_mk(root / split / "images") / f"{key}.jpg")
             if split != "testing":
-                _save(root / split / "labels" / f"{key}.png", label, "P", palette)
+                _save(root / split / labels / f"{key}.png", label, "P", palette)
     return root
 
 
@@ -203,7 +205,17 @@ def test_cocostuff(cocostuff):
         COCOStuff(cocostuff, "test")
 
 
-def test_vistas(vistas):
+@pytest.fixture(scope="module", params=["v1", "v2_download"])
+def vistas_any(request, tmp_path_factory):
+    """The tiny Vistas tree in each released layout: ``config.json`` and ``<split>/labels/``;
+    the v2.0 download's ``config_v1.2.json`` and ``<split>/v1.2/labels/``."""
+    names = {"v1": ("config.json", "labels"),
+             "v2_download": ("config_v1.2.json", "v1.2/labels")}[request.param]
+    return make_vistas(tmp_path_factory.mktemp(f"vistas_{request.param}"), *names)
+
+
+def test_vistas(vistas_any):
+    vistas = vistas_any
     ds = Vistas(vistas, "training")
     assert len(ds) == 3 and ds.classes == ["Road", "Car"] and ds.num_classes == 2
     assert ds.names == ["construction--flat--road", "object--vehicle--car"]
@@ -287,6 +299,12 @@ def test_vistas_broken_trees(vistas, tmp_path):
     _raises_layout(root / "validation" / "labels", Vistas, root, "validation")
     shutil.rmtree(root / "testing" / "images")
     _raises_layout(root / "testing" / "images", Vistas, root, "testing")
+
+
+def test_vistas_v2_download_missing_v12_labels_is_named(tmp_path):
+    root = make_vistas(tmp_path / "v", "config_v1.2.json", "v1.2/labels")
+    shutil.rmtree(root / "validation" / "v1.2" / "labels")
+    _raises_layout(root / "validation" / "v1.2" / "labels", Vistas, root, "validation")
 
 
 # ---------------------------------------------------------------------------------------------

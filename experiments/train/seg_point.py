@@ -107,7 +107,8 @@ def parser(experiment, description):
     data.add_argument("--data", type=Path, required=True,
                       help="the data set's root in its released layout (Cityscapes: holding "
                            "leftImg8bit/ and gtFine/; COCO-Stuff: images/ and annotations/; "
-                           "Vistas: config.json, training/, validation/)")
+                           "Vistas: config.json, training/, validation/, or the v2.0 "
+                           "download's config_v1.2.json and <split>/v1.2/labels/)")
     data.add_argument("--coarse", action="store_true",
                       help="Cityscapes: also train on train_extra with the coarse labels")
     data.add_argument("--class-uniform", action="store_true",

@@ -12,7 +12,8 @@ the papers' augmentation, loaders, and generated stand-ins in the same formats.
   sets (image and 8-bit label map pairs, a label -> train id table, void 255), and
   :mod:`.cityscapes` (:class:`Cityscapes`, 19 classes, optional coarse extra data),
   :mod:`.cocostuff` (:class:`COCOStuff`, the 91 stuff classes) and :mod:`.vistas`
-  (:class:`Vistas`, classes from its ``config.json``), each in its released layout.
+  (:class:`Vistas`, classes from its ``config.json``, or the v2.0 download's
+  ``config_v1.2.json``), each in its released layout.
 - :mod:`.seg_transforms`: the paper's segmentation augmentation (:class:`SegmentationTrain`:
   flip, scale 0.7-2.0, crop padded with the mean colour and void) and
   :class:`SegmentationEval`.

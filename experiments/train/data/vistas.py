@@ -1,11 +1,16 @@
-"""Mapillary Vistas (research edition) in its released layout, classes from its config.json.
+"""Mapillary Vistas (research edition) in its released layouts, classes from its config.
 
-The layout of the released archive unpacked into ``root``::
+The layout of the v1.x archive unpacked into ``root``::
 
     root/config.json                                   {"labels": [{"name", "readable", "color",
                                                          "instances", "evaluate"}, ...]}
     root/{training,validation,testing}/images/<key>.jpg           RGB images
     root/{training,validation}/labels/<key>.png                   8-bit palette label maps
+
+and that of today's download (v2.0, which carries the v1.2 labels the paper's 65 classes are,
+beside v2.0's): ``root/config_v1.2.json`` and ``root/{training,validation}/v1.2/labels/``,
+the images as above (:data:`LAYOUTS`; the v2.0 labels are not read). A tree with
+``config.json`` is read as v1.x.
 
 ``config.json`` lists the labels; a label's id is its index in that list (v1.2: 66 labels,
 the last, ``void--unlabeled``, not evaluated). The label PNGs are palette images whose pixel
@@ -30,13 +35,26 @@ from .segmentation import IGNORE_INDEX, SegmentationDataset, checked_root, make_
 SPLITS = ("training", "validation", "testing")
 LABELLED_SPLITS = ("training", "validation")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg")
+#: The released layouts, in the order they are tried: (config file, label folder inside a
+#: split): the v1.x archive, then the v2.0 download's research edition v1.2.
+LAYOUTS = (("config.json", "labels"), ("config_v1.2.json", "v1.2/labels"))
 
 EXPECTED_LAYOUT = (
     "ROOT/config.json ({\"labels\": [{\"name\": str, \"readable\": str, \"color\": [r, g, b], "
     "\"evaluate\": bool, ...}, ...]}, label id = list index), "
     "ROOT/{training,validation,testing}/images/<key>.jpg (RGB) and "
     "ROOT/{training,validation}/labels/<key>.png (8-bit palette PNG of label ids, same size) "
-    "(Mapillary Vistas research edition layout)")
+    "(Mapillary Vistas research edition layout; or the v2.0 download's ROOT/config_v1.2.json "
+    "and ROOT/{training,validation}/v1.2/labels/)")
+
+
+def layout(root):
+    """``(config path, label folder name)`` of the tree at ``root`` (:data:`LAYOUTS`: the first
+    whose config file exists; none: the v1.x names, whose absence is then reported)."""
+    for config, labels in LAYOUTS:
+        if (root / config).is_file():
+            return root / config, labels
+    return root / LAYOUTS[0][0], LAYOUTS[0][1]
 
 
 def read_config(path):
@@ -80,14 +98,15 @@ class Vistas(SegmentationDataset):
     """One split (``"training"``, ``"validation"`` or ``"testing"``) of a Vistas tree.
 
     Items are ``(image, target)`` (see :class:`~.segmentation.SegmentationDataset`): train
-    ids of the evaluated labels of ``root/config.json``, 255 for the others and for every
-    pixel of ``testing``.
+    ids of the evaluated labels of the tree's config (:func:`layout`), 255 for the others and
+    for every pixel of ``testing``.
     """
 
     def __init__(self, root, split, transform=None):
         root = checked_root(root, split, SPLITS, EXPECTED_LAYOUT)
         self.split = split
-        classes, self.names, lut = read_config(root / "config.json")
+        config, labels = layout(root)
+        classes, self.names, lut = read_config(config)
         image_dir = root / split / "images"
         if not image_dir.is_dir():
             raise DatasetLayoutError.at(image_dir, "no such folder", EXPECTED_LAYOUT)
@@ -96,7 +115,7 @@ class Vistas(SegmentationDataset):
         if not images:
             raise DatasetLayoutError.at(image_dir, "holds no .jpg images", EXPECTED_LAYOUT)
         if split in LABELLED_SPLITS:
-            label_dir = root / split / "labels"
+            label_dir = root / split / labels
             if not label_dir.is_dir():
                 raise DatasetLayoutError.at(label_dir, "no such folder", EXPECTED_LAYOUT)
             samples = [(image, partner(image, label_dir / (image.stem + ".png"), "label map",
@@ -106,4 +125,5 @@ class Vistas(SegmentationDataset):
         super().__init__(samples, classes, lut, transform, root=root, expected=EXPECTED_LAYOUT)
 
 
-__all__ = ["EXPECTED_LAYOUT", "LABELLED_SPLITS", "SPLITS", "Vistas", "read_config"]
+__all__ = ["EXPECTED_LAYOUT", "LABELLED_SPLITS", "LAYOUTS", "SPLITS", "Vistas", "layout",
+           "read_config"]
