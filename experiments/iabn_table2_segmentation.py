@@ -6,7 +6,7 @@ One point trains one network::
 
     python -m experiments.iabn_table2_segmentation --dataset cityscapes --data ROOT
         --body resnext101 --norm iabn --pretrained IMAGENET_WEIGHTS.pt
-        --capacity artifacts/iabn_table2_capacity/<run>/resnext101_iabn_fixed_crop.json
+        --capacity artifacts/iabn_table2_capacity/<run>/cityscapes_resnext101_iabn_fixed_crop.json
         --epochs 360 --out ... --epochs-csv ... --weights ... --work-dir ...
 
 under ``torchrun --nproc-per-node N`` for N devices (every option:
@@ -16,8 +16,8 @@ under ``torchrun --nproc-per-node N`` for N devices (every option:
   compilations: STD-BN + leaky ReLU at the most crops of the crop size that fit (FIXED CROP);
   InPlace-ABN at its most crops (FIXED CROP); InPlace-ABN at the STD-BN batch with the largest
   crops that fit (FIXED BATCH); the same with InPlace-ABN sync. Crops and crop size come from the
-  capacity experiment's points of the same body and budget (``iabn_table2_capacity``), single
-  scale evaluation without flipping;
+  capacity experiment's points of the same data set, body and budget (``iabn_table2_capacity``:
+  each data set its own classes and FIXED CROP crop), single scale evaluation without flipping;
 - Table 2 bottom: WideResNet-38 + InPlace-ABN sync with the profile's tuned crops, on Cityscapes
   with and without CLASS-UNIFORM SAMPLING (single scale, and the test rows' 5 scales +
   flipping on the validation set), and on Mapillary Vistas with CLASS-UNIFORM SAMPLING. The

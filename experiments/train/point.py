@@ -216,8 +216,8 @@ def resume_options(args):
     ``--model``, ``--model-arg`` and ``--norm`` (``bn`` and ``iabn`` share one state-dict
     layout), ``--device``, ``--dtype`` and ``--threads`` (another thread count sums in
     another order, so gradients differ), and ImageNet's ``--resize``, ``--crop``,
-    ``--crop-style`` and ``--eval`` (CIFAR ignores them). Paths, ``--workers`` (batches do not depend on it) and
-    the outputs change no result and are left out."""
+    ``--crop-style`` and ``--eval`` (CIFAR ignores them). Paths, ``--workers`` (batches do
+    not depend on it) and the outputs change no result and are left out."""
     options = {"--dataset": args.dataset, "--model": args.model,
                "--model-arg": dict(args.model_args), "--norm": args.norm,
                "--device": args.device, "--dtype": args.dtype, "--threads": args.threads}
