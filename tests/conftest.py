@@ -28,6 +28,7 @@ import pytest
 import torch
 
 from experiments.gpu_selfcheck import layer_tests
+from snakemake_run import make_workdir
 
 DEVICE = os.environ.get("LAYERS_TEST_DEVICE", "cpu")
 DEVICES = ("cpu", "cuda")
@@ -143,3 +144,9 @@ def pytest_unconfigure(config):
 
 def pytest_report_header(config):
     return f"LAYERS_TEST_DEVICE: {DEVICE}" if DEVICE != "cpu" else None
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    """A working directory for the workflow (:func:`snakemake_run.make_workdir`)."""
+    return make_workdir(tmp_path)

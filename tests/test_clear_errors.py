@@ -7,27 +7,12 @@ Snakemake runs on the repository's Snakefile in a temporary working directory, a
 test_pipeline.py.
 """
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
 import yaml
+from snakemake_run import snakemake
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def workdir(tmp_path):
-    shutil.copytree(ROOT / "artifacts" / "paper", tmp_path / "artifacts" / "paper")
-    return tmp_path
-
-
-def snakemake(workdir, *args):
-    return subprocess.run(
-        [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d", str(workdir),
-         "--nolock", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_a_truncated_point_is_named_and_the_previous_csv_kept(workdir):

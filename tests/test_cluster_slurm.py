@@ -13,12 +13,12 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from snakemake_run import snakemake
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "experiments" / "config" / "slurm-local"
@@ -36,18 +36,6 @@ TIMEOUT_S = 300
 
 
 # --------------------------------------------------------------------------- resources
-@pytest.fixture
-def workdir(tmp_path):
-    shutil.copytree(ROOT / "artifacts" / "paper", tmp_path / "artifacts" / "paper")
-    return tmp_path
-
-
-def snakemake(workdir, *args, timeout=300):
-    return subprocess.run(
-        [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d", str(workdir),
-         "--nolock", *args], capture_output=True, text=True, timeout=timeout)
-
-
 def planned_resources(output):
     """``[(rule, {resource: value})]`` of every job a dry run plans."""
     jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", output, re.M)

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from experiments.records import sources
+from snakemake_run import snakemake
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = ("smoke", "paper")
@@ -48,18 +49,6 @@ def simulated_jobs(experiment, section):
         return {}
     return {f"{experiment}_simulated_point": len(SIMULATED_POINTS[experiment](section))}
 
-
-
-@pytest.fixture
-def workdir(tmp_path):
-    shutil.copytree(ROOT / "artifacts" / "paper", tmp_path / "artifacts" / "paper")
-    return tmp_path
-
-
-def snakemake(workdir, *args):
-    return subprocess.run(
-        [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d", str(workdir),
-         "--nolock", *args], capture_output=True, text=True, timeout=300)
 
 
 def job_counts(output):
