@@ -28,7 +28,6 @@ import pytest
 import torch
 
 from experiments.gpu_selfcheck import layer_tests
-from snakemake_run import make_workdir
 
 DEVICE = os.environ.get("LAYERS_TEST_DEVICE", "cpu")
 DEVICES = ("cpu", "cuda")
@@ -148,5 +147,8 @@ def pytest_report_header(config):
 
 @pytest.fixture
 def workdir(tmp_path):
-    """A working directory for the workflow (:func:`snakemake_run.make_workdir`)."""
+    """A working directory for the workflow (:func:`snakemake_run.make_workdir`; imported
+    here, not at the top: tests copy this file alone into a folder of their own)."""
+    from snakemake_run import make_workdir
+
     return make_workdir(tmp_path)
