@@ -261,6 +261,25 @@ def test_notebook_renders_figure_and_table(artifact_set, tmp_path):
     assert "\\begin{tabular}" in (out / f"{EXPERIMENT}.tex").read_text()
 
 
+def test_notebook_renders_a_data_set_whose_chain_has_fewer_bodies(artifact_set, tmp_path):
+    """One data set's chain covers both bodies and another's one (as the smoke profile's
+    COCO-Stuff, WideResNet-38 only): every panel plots and labels the bodies it has."""
+    frame = pd.read_csv(paths.aggregate_csv(EXPERIMENT, RUN, artifact_set))
+    two_bodies = pd.concat([frame, frame.assign(body="wideresnet38")]).assign(dataset="cityscapes")
+    one_body = frame.assign(body="wideresnet38", dataset="cocostuff")
+    root = tmp_path / "artifacts"
+    csv = Path(paths.aggregate_csv(EXPERIMENT, RUN, root))
+    csv.parent.mkdir(parents=True)
+    pd.concat([two_bodies, one_body]).to_csv(csv, index=False)
+    out = tmp_path / "figures"
+    status = render.main([str(ROOT / "figures" / f"{EXPERIMENT}.ipynb"), "--run", RUN,
+                          "--artifacts", str(root), "--out", str(out)])
+    assert status == 0
+    assert (out / f"{EXPERIMENT}.png").read_bytes().startswith(b"\x89PNG")
+    markdown = (out / f"{EXPERIMENT}.md").read_text()
+    assert "COCO-Stuff" in markdown and "Cityscapes" in markdown
+
+
 def capacity_claim_frame(device):
     """A run with real points (+25%) and simulated paper-scale points (+75%, within the
     claim's +70% to +80% band around the paper's +75%)."""
