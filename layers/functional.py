@@ -190,15 +190,10 @@ def _check_inplace_input(x, weight, eps, scale_mode):
     differentiable = x.requires_grad or (weight is not None and weight.requires_grad)
     if not (differentiable and scale_mode == "bn" and weight is not None):
         return None
-    if not eager:
-        _assert_invertible_scale_in_graph(weight, eps)
-        return None
-    if not has_values(weight):  # fake or meta tensors: shapes only, nothing to check
-        return None
-    if getattr(backend(x), "DEVICE_GUARD", False):
+    if eager and has_values(weight) and getattr(backend(x), "DEVICE_GUARD", False):
         _settle_ready(weight)  # an earlier refusal the host can read now is raised now
         return _DeviceCheck(weight, eps)
-    check_invertible_scale(weight, eps)
+    check_scale_where_readable(weight, eps)
     return None
 
 
