@@ -1,10 +1,13 @@
 """Bad data stops a run before training, with one line naming the file: label values outside
-Cityscapes' official label table, a label map of the wrong size or mode, a corrupt image
-(``--verify-data``).
+the official label tables (Cityscapes, COCO-Stuff, Mapillary Vistas), a label map of the wrong
+size or mode, a corrupt image (``--verify-data``).
 
 The label table is cityscapesScripts' ``helpers/labels.py``: labelIds 0..33 ('unlabeled' 0
 .. 'bicycle' 33), 19 of them evaluated, with train ids road 7 -> 0, car 26 -> 13, bicycle 33 ->
 18; the official evaluator aborts on any other value ("Unknown label with id 250").
+COCO-Stuff's challenge pixel maps hold 0 (unlabeled), the stuff ids 92..182 and 183 ('other'),
+the ids cocostuffapi's ``cocoSegmentationToPng`` writes; a Vistas label map holds indices into
+its config's label list.
 """
 import subprocess
 import sys
@@ -14,8 +17,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from experiments.train.data import Cityscapes, DatasetLayoutError
-from experiments.train.data.generate_segmentation import generate_cityscapes
+from experiments.train.data import COCOStuff, Cityscapes, DatasetLayoutError, Vistas
+from experiments.train.data.generate_segmentation import (generate_cityscapes,
+                                                          generate_cocostuff, generate_vistas)
 
 ROOT = Path(__file__).resolve().parents[1]
 #: (labelId, trainId) pairs of the official table; 255: not evaluated (void).
@@ -56,6 +60,45 @@ def test_every_official_label_id_maps_by_the_table_and_any_other_value_is_an_err
     _write_label(label, [0, 13, 18, 255])
     with pytest.raises(DatasetLayoutError, match=r"\[255\]"):
         Cityscapes(cityscapes, "val").class_presence()
+
+
+@pytest.mark.parametrize("bad", [91, 1, 184, 255])
+def test_a_cocostuff_value_outside_the_challenge_ids_is_an_error(tmp_path, bad):
+    """Thing ids 1..91 (a stuff+things map), 184+ and a train-id map's 255 are no values of a
+    stuff pixel map; 0, 92..182 and 183 are."""
+    root = generate_cocostuff(tmp_path / "coco", train_images=1, val_images=1)
+    label = next((root / "annotations" / "stuff_val2017_pixelmaps").glob("*.png"))
+    height, width = np.asarray(Image.open(label)).shape
+    good = np.resize(np.array([0, 92, 150, 182, 183], np.uint8), height * width)
+    Image.fromarray(good.reshape(height, width)).save(label)
+    _, target = COCOStuff(root, "val")[0]
+    assert set(np.unique(target).tolist()) == {255, 0, 58, 90}  # 0 and 183 void
+    good[7] = bad
+    Image.fromarray(good.reshape(height, width)).save(label)
+    with pytest.raises(DatasetLayoutError, match=rf"\[{bad}\]") as error:
+        COCOStuff(root, "val")[0]
+    assert str(label) in str(error.value)
+
+
+def test_a_vistas_index_beyond_the_config_labels_is_an_error(tmp_path):
+    """v1.2's config lists 66 labels (ids 0..65, 65 void--unlabeled): 65 is void, 66 an
+    error naming the file."""
+    root = generate_vistas(tmp_path / "vistas", train_images=1, val_images=1, test_images=1)
+    label = next((root / "validation" / "labels").glob("*.png"))
+    with Image.open(label) as image:
+        palette, (width, height) = image.getpalette(), image.size
+    for value, ok in ((65, True), (66, False)):
+        pixels = np.zeros((height, width), np.uint8)
+        pixels[0, 0] = value
+        image = Image.fromarray(pixels).convert("P")
+        image.putpalette(palette)
+        image.save(label)
+        if ok:
+            assert Vistas(root, "validation")[0][1][0, 0] == 255
+            continue
+        with pytest.raises(DatasetLayoutError, match=r"\[66\]") as error:
+            Vistas(root, "validation")[0]
+        assert str(label) in str(error.value)
 
 
 def test_headers_find_a_label_map_of_the_wrong_size_or_mode(cityscapes):

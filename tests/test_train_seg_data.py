@@ -107,7 +107,7 @@ def make_vistas(root, config="config.json", labels="labels"):
     palette = [c for lab in VISTAS_LABELS for c in lab["color"]]
     palette += [7] * (768 - len(palette))
     label = np.zeros((6, 9), np.uint8)                  # road -> 0
-    label[1], label[2], label[3], label[4] = 1, 2, 3, 10  # 255, car -> 1, 255, beyond list 255
+    label[1], label[2], label[3], label[4] = 1, 2, 3, 3  # 255, car -> 1, 255, 255
     for split, keys in (("training", ["a" * 22, "b" * 22, "c" * 22]),
                         ("validation", ["d" * 22]), ("testing", ["e" * 22, "f" * 22])):
         for i, key in enumerate(keys):
@@ -221,7 +221,7 @@ def test_vistas(vistas_any):
     assert ds.names == ["construction--flat--road", "object--vehicle--car"]
     image, target = ds[0]
     assert image.size == (9, 6) and target.shape == (6, 9)
-    # palette indices, not colours: 0 -> 0, 1 (evaluate false) -> 255, 2 -> 1, 3 -> 255, 10 -> 255
+    # palette indices, not colours: 0 -> 0, 1 (evaluate false) -> 255, 2 -> 1, 3 -> 255
     assert (target[0] == 0).all() and (target[5] == 0).all() and (target[2] == 1).all()
     assert (target[[1, 3, 4]] == 255).all()
     assert ds.class_presence() == [[0, 1]] * 3

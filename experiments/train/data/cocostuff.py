@@ -8,9 +8,12 @@ The layout is the COCO 2017 images with the challenge's stuff pixel maps
 
 A pixel map holds COCO-Stuff category ids: 0 unlabeled, 92..182 the 91 stuff classes, 183
 "other" (every thing pixel, the 80 thing classes merged). Training on stuff only, as the
-InPlace-ABN paper does on this data: ``v in 92..182 -> v - 92`` (train ids 0..90, named
-:data:`CLASSES`, COCO-Stuff's ``labels.txt`` names for ids 92..182), and 0, 183 and any other
-value -> void (255). The maps may be single-channel (``"L"``) or palette (``"P"``, as
+InPlace-ABN paper does on this data ("91 stuff classes and 1 *void* class"): ``v in 92..182 ->
+v - 92`` (train ids 0..90, named :data:`CLASSES`, COCO-Stuff's ``labels.txt`` names for ids
+92..182), and 0 and 183 -> void (255). Any other value (:data:`LABEL_IDS` are the values a
+stuff pixel map holds) is not this release's: a thing id 1..91 (a stuff+things map of the
+full COCO-Stuff release, or a wrong file) or a train-id map with its 255 raises, naming the file
+and the values, rather than turning into void. The maps may be single-channel (``"L"``) or palette (``"P"``, as
 cocostuffapi's ``cocoSegmentationToPng`` writes them) PNGs; both are read as their values.
 
 Samples are the pixel maps of the split, each paired with the image of the same id: the
@@ -46,6 +49,9 @@ CLASSES = (
     "wood")
 assert len(CLASSES) == OTHER_ID - FIRST_STUFF_ID == 91
 LUT = make_lut({FIRST_STUFF_ID + i: i for i in range(len(CLASSES))}, len(CLASSES))
+#: The values of a challenge pixel map (cocostuffapi's ``cocoSegmentationToPng`` writes 0 for
+#: unlabeled, the stuff ids 92..182 and 183 for 'other'; ``COCOStuffeval`` scores 92..183).
+LABEL_IDS = (0, *range(FIRST_STUFF_ID, OTHER_ID + 1))
 
 EXPECTED_LAYOUT = (
     "ROOT/images/{train2017,val2017}/<12-digit id>.jpg (RGB) and "
@@ -74,8 +80,9 @@ class COCOStuff(SegmentationDataset):
             raise DatasetLayoutError.at(label_dir, "holds no .png pixel maps", EXPECTED_LAYOUT)
         samples = [(partner(label, image_dir / (label.stem + ".jpg"), "image", EXPECTED_LAYOUT),
                     label) for label in labels]
-        super().__init__(samples, CLASSES, LUT, transform, root=root, expected=EXPECTED_LAYOUT)
+        super().__init__(samples, CLASSES, LUT, transform, root=root, expected=EXPECTED_LAYOUT,
+                         valid=LABEL_IDS)
 
 
-__all__ = ["CLASSES", "COCOStuff", "EXPECTED_LAYOUT", "FIRST_STUFF_ID", "LUT", "OTHER_ID",
-           "SPLITS"]
+__all__ = ["CLASSES", "COCOStuff", "EXPECTED_LAYOUT", "FIRST_STUFF_ID", "LABEL_IDS", "LUT",
+           "OTHER_ID", "SPLITS"]

@@ -15,8 +15,9 @@ the images as above (:data:`LAYOUTS`; the v2.0 labels are not read). A tree with
 ``config.json`` lists the labels; a label's id is its index in that list (v1.2: 66 labels,
 the last, ``void--unlabeled``, not evaluated). The label PNGs are palette images whose pixel
 indices are those ids (read as indices, never as colours). Ids of labels with ``"evaluate":
-true`` become consecutive train ids in config order (v1.2: 65 classes); the others, and any
-index beyond the list, are void (255). ``classes`` are the labels' ``"readable"`` names (their
+true`` become consecutive train ids in config order (v1.2: 65 classes); the others are void
+(255). An index beyond the list is no label of the release (a map of another version, or a
+wrong file) and raises, naming the file and the values, rather than turning into void. ``classes`` are the labels' ``"readable"`` names (their
 ``"name"`` where a label has none), ``names`` their ``"name"`` fields. The ``testing`` split
 has no labels: its targets are all void. The release's ``instances/`` maps are not read.
 
@@ -58,8 +59,9 @@ def layout(root):
 
 
 def read_config(path):
-    """``(classes, names, lut)`` from a Vistas ``config.json``: readable and machine names of
-    the evaluated labels, and the label id -> train id table."""
+    """``(classes, names, lut, labels)`` from a Vistas ``config.json``: readable and machine
+    names of the evaluated labels, the label id -> train id table, and the number of labels
+    (the ids a label map may hold are ``0 .. labels - 1``)."""
     if not path.is_file():
         raise DatasetLayoutError.at(path, "missing file", EXPECTED_LAYOUT)
     try:
@@ -91,7 +93,7 @@ def read_config(path):
     if len(classes) >= IGNORE_INDEX:
         raise DatasetLayoutError.at(path, f"{len(classes)} evaluated labels; train ids must stay "
                                     f"below the void id {IGNORE_INDEX}", EXPECTED_LAYOUT)
-    return classes, names, make_lut(mapping, len(classes))
+    return classes, names, make_lut(mapping, len(classes)), len(labels)
 
 
 class Vistas(SegmentationDataset):
@@ -106,7 +108,7 @@ class Vistas(SegmentationDataset):
         root = checked_root(root, split, SPLITS, EXPECTED_LAYOUT)
         self.split = split
         config, labels = layout(root)
-        classes, self.names, lut = read_config(config)
+        classes, self.names, lut, self.labels = read_config(config)
         image_dir = root / split / "images"
         if not image_dir.is_dir():
             raise DatasetLayoutError.at(image_dir, "no such folder", EXPECTED_LAYOUT)
@@ -122,7 +124,8 @@ class Vistas(SegmentationDataset):
                                        EXPECTED_LAYOUT)) for image in images]
         else:
             samples = [(image, None) for image in images]
-        super().__init__(samples, classes, lut, transform, root=root, expected=EXPECTED_LAYOUT)
+        super().__init__(samples, classes, lut, transform, root=root, expected=EXPECTED_LAYOUT,
+                         valid=range(self.labels))
 
 
 __all__ = ["EXPECTED_LAYOUT", "LABELLED_SPLITS", "LAYOUTS", "SPLITS", "Vistas", "layout",
