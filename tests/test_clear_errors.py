@@ -1,6 +1,6 @@
 """Clear errors from the pipeline: a point artifact that does not read names itself and how to
 measure it again and leaves the previous CSV in place; a profile name that is not a profile
-lists the real ones; a nested ``--config`` value works as the README says (``--config
+lists the real ones; a nested ``--config`` value works as docs/pipeline.md says (``--config
 'datasets={...}'``).
 
 Snakemake runs on the repository's Snakefile in a temporary working directory, as in
@@ -51,7 +51,7 @@ def test_the_schema_is_not_a_profile(workdir):
 
 
 def test_a_nested_config_value_merges_over_the_profile_as_yaml_reads_it(workdir):
-    """README: ``--config key=value`` merges over the profile, and the paper's data roots are
+    """docs/pipeline.md: ``--config key=value`` merges over the profile, and the paper's data roots are
     overridden with ``--config 'datasets={...}'``: a root of the user's with ``generate:
     null`` (YAML's null, not the string 'null')."""
     done = snakemake(workdir, "-n", "-p", "--config",

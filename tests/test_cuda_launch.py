@@ -4,8 +4,8 @@ What they can check here: that an array is packed in the order and with the valu
 own data model of a CUDA array argument (the reference: numba's ``ArrayModel`` fields, which
 ``numba.cuda`` flattens into kernel parameters in that order), the scalar C types, and that
 the launcher leaves every launch it cannot do to numba. The launches themselves run on a GPU:
-the layer tests on CUDA tensors and the GPU self-check go through it (``README``, "Measured on
-a GPU").
+the layer tests on CUDA tensors and the GPU self-check go through it (``docs/performance.md``,
+"The GPU self-check").
 """
 import ctypes
 

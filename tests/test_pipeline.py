@@ -343,12 +343,14 @@ def test_editing_code_reruns_exactly_the_points_that_run_it(checkout):
     assert planned(checkout, *RERUN_TARGETS) == {}
 
 
-def test_the_readme_commands_measure_one_experiment_anew(checkout):
-    """Every `snakemake <id> --forcerun <id>_point` in the README remeasures every point of
-    <id> (built here for Fig. 4), re-aggregates and re-renders it, and runs nothing else."""
-    readme = (ROOT / "README.md").read_text()
+def test_the_documented_commands_measure_one_experiment_anew(checkout):
+    """Every `snakemake <id> --forcerun <id>_point` in the README and docs/ remeasures every
+    point of <id> (built here for Fig. 4), re-aggregates and re-renders it, and runs nothing
+    else."""
+    documents = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     commands = [shlex.split(line.split("#")[0])
-                for line in re.findall(r"^snakemake .*--forcerun.*$", readme, re.M)]
+                for document in documents
+                for line in re.findall(r"^snakemake .*--forcerun.*$", document.read_text(), re.M)]
     assert "densenet_fig4_memory" in {args[3] for args in commands}
     for args in commands:
         assert args[:3] == ["snakemake", "--cores", "2"] and args[4] == "--forcerun", args
