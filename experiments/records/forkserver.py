@@ -3,9 +3,9 @@ experiments once.
 
 Every job of the pipeline is ``python -m experiments.<module> ...``, and each such process
 first spends about 7 s of CPU importing torch, ``torch._dynamo`` (imported by the first optimizer
-or meta-tensor operation, and by torchvision), numba and the experiment: about a fifth of the
-smoke profile's CPU time (32 minutes on 2 cores without the server, 25 with it: README). With the
-fork server, one process imports them once and every job is a fork of it:
+or meta-tensor operation, and by torchvision), numba and the experiment: more than many smoke
+points' own work (each job's wall time is in its ``benchmark:`` file; docs/pipeline.md, "The fork
+server"). With the fork server, one process imports them once and every job is a fork of it:
 
     python -m experiments.records.forkserver serve --socket PATH [--preload MODULE ...]
     python -m experiments.records.forkserver run MODULE [ARG ...]

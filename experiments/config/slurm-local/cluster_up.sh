@@ -36,7 +36,7 @@ if [[ ${1:-up} == down ]]; then
     [[ -s $pidfile ]] && kill "$(cat "$pidfile")" 2>/dev/null && echo "stopped $pidfile" || true
   done
   # The executor plugin runs `scontrol show config` whenever snakemake starts; with no
-  # controller that call waits ~9 s, in every snakemake command (README: the cluster path).
+  # controller that call waits ~9 s, in every snakemake command (docs/cluster.md).
   if python -c "import snakemake_executor_plugin_slurm" 2>/dev/null; then
     echo "SLURM is down but snakemake-executor-plugin-slurm is installed: every snakemake" \
          "command now waits ~9 s on scontrol. Uninstall it: pip uninstall -y" \
