@@ -70,12 +70,16 @@ def _tracked_count(module):
     return registered(module, module._buffers, "num_batches_tracked")
 
 
-def count_batch(module):
+def count_batch(module, accepted=None):
     """Count one batch in ``module``'s ``num_batches_tracked`` where a training forward counts
-    it (the second half of :func:`batch_norm_arguments` with ``count=False``)."""
+    it (the second half of :func:`batch_norm_arguments` with ``count=False``).
+
+    ``accepted``: ``None`` (the forward was accepted), or a 0-d bool tensor that is ``True``
+    where it is, from a check that runs on the device or in a compiled graph: the count adds
+    it, so that a refusal leaves the count as it was whenever the write runs."""
     tracked = _tracked_count(module)
     if tracked is not None:
-        tracked.add_(1)
+        tracked.add_(1 if accepted is None else accepted)
 
 
 class NormBase(nn.Module):
@@ -206,9 +210,10 @@ class ABN(NormBase):
     def _kernel_forward(self, input):
         return functional.abn(*self._common_arguments(input), on_accept=self._count_batch)
 
-    def _count_batch(self):
-        """Count this forward's batch, once :mod:`layers.functional` has accepted it."""
-        count_batch(self)
+    def _count_batch(self, accepted):
+        """Count this forward's batch, once :mod:`layers.functional` has accepted it
+        (``accepted`` as in :func:`count_batch`)."""
+        count_batch(self, accepted)
 
     def inference_forward(self, input):
         """The eval-mode layer in standard PyTorch ops: ``act(scale * x_hat + bias)`` with the

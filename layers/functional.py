@@ -66,6 +66,7 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 from torch.autograd import function as autograd_function
 from torch.nn.modules._functions import BackwardHookFunction
+from torch.utils.checkpoint import CheckpointFunction
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import distributed, ops
@@ -157,8 +158,11 @@ def _check_input(x, weight, bias, running_mean, running_var, training, eps, mome
 def _check_inplace_input(x, weight, eps, scale_mode):
     """Refuse in-place calls whose gradient would be wrong, before ``x`` is overwritten.
 
-    Returns the :class:`_DeviceCheck` of the ``|weight| >= eps`` check where it runs on the
-    device (the forward must then guard its writes with its flag), else ``None``.
+    Returns ``(check, accepted)``: ``check`` the :class:`_DeviceCheck` of the
+    ``|weight| >= eps`` check where it runs on the device (the forward must then guard its
+    writes with its flag), else ``None``; ``accepted`` ``None`` where every check ran on the
+    host, else a 0-d bool tensor (on the device, or of the graph under ``torch.compile``) that
+    is ``True`` where the call is accepted, which the module's batch count adds instead of 1.
     """
     # A compiled graph is functionalized (AOTAutograd turns the in-place write into a new
     # value), so the hazards of an eager in-place write checked here do not arise there.
@@ -166,14 +170,12 @@ def _check_inplace_input(x, weight, eps, scale_mode):
     if eager:
         _check_writable(x)
     if not torch.is_grad_enabled():
-        return None
+        return None, None
     if x.requires_grad and eager:
-        if x.is_leaf:
+        if x.is_leaf and not _in_reentrant_recomputation():
             raise ValueError(
                 "input is a leaf tensor that requires grad: an in-place layer would overwrite "
                 "it; pass a non-leaf tensor (e.g. the output of a convolution) or input.clone()"
-                " (inside torch.utils.checkpoint(use_reentrant=True) the recomputation's "
-                "input is such a leaf: use use_reentrant=False around in-place layers)"
             )
         base = x._base
         if base is not None and base.is_leaf and base.requires_grad:
@@ -189,12 +191,12 @@ def _check_inplace_input(x, weight, eps, scale_mode):
             )
     differentiable = x.requires_grad or (weight is not None and weight.requires_grad)
     if not (differentiable and scale_mode == "bn" and weight is not None):
-        return None
+        return None, None
     if eager and has_values(weight) and getattr(backend(x), "DEVICE_GUARD", False):
         _settle_ready(weight)  # an earlier refusal the host can read now is raised now
-        return _DeviceCheck(weight, eps)
-    check_scale_where_readable(weight, eps)
-    return None
+        check = _DeviceCheck(weight, eps)
+        return check, check.flag.logical_not().reshape(())
+    return None, check_scale_where_readable(weight, eps)
 
 
 def _runs_on_a_copy(x, weight, bias):
@@ -213,6 +215,12 @@ def _runs_on_a_copy(x, weight, bias):
       the forward from the same input in backward, so that input must not be overwritten.
     * A view with tensor hooks (``register_hook``): an in-place write to a view moves its
       autograd history to its base, and the hooks registered on it would never run.
+    * Grad mode off and an input that requires grad: it belongs to a graph that may read it
+      again. ``torch.utils.checkpoint(..., use_reentrant=True)`` runs its first forward so and
+      keeps that input for its recomputation.
+    * That recomputation (run in the checkpoint's backward): its input is a detached leaf
+      sharing the kept input's memory, which a second backward (``retain_graph=True``) reads
+      again.
 
     The copy costs one pass over the input and keeps it: the call is then out of place.
     """
@@ -220,7 +228,15 @@ def _runs_on_a_copy(x, weight, bias):
         return torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x, weight, bias))
     return (isinstance(x.grad_fn, BackwardHookFunction._backward_cls)
-            or (x._base is not None and bool(x._backward_hooks)) or _in_checkpoint())
+            or (x._base is not None and bool(x._backward_hooks)) or _in_checkpoint()
+            or (x.requires_grad and not torch.is_grad_enabled())
+            or (x.is_leaf and _in_reentrant_recomputation()))
+
+
+def _in_reentrant_recomputation():
+    """Whether the current forward is the recomputation of a reentrant
+    ``torch.utils.checkpoint``, which runs inside the backward of its autograd function."""
+    return isinstance(torch._C._current_autograd_node(), CheckpointFunction._backward_cls)
 
 
 #: The saved-tensor hooks that ``torch.utils.checkpoint(use_reentrant=False)`` installs while
@@ -284,24 +300,32 @@ def check_invertible_scale(weight, eps):
 def check_scale_where_readable(weight, eps):
     """:func:`check_invertible_scale` wherever ``weight``'s values can be read: as an operation
     of the graph under ``torch.compile``, on the host for tensors with values, not at all on
-    fake or meta tensors (shapes only)."""
+    fake or meta tensors (shapes only).
+
+    Returns ``None``, or under ``torch.compile`` the check's result as a 0-d bool tensor of the
+    graph (``True``: accepted), for whatever the call writes outside the layer's kernels (the
+    module's batch count) to depend on: the compiler may schedule such a write before the
+    assertion, and one that adds the result instead of 1 writes nothing when it fails."""
     if torch.compiler.is_compiling():
-        _assert_invertible_scale_in_graph(weight, eps)
-    elif has_values(weight):
+        return _assert_invertible_scale_in_graph(weight, eps)
+    if has_values(weight):
         check_invertible_scale(weight, eps)
+    return None
 
 
 def _assert_invertible_scale_in_graph(weight, eps):
     """:func:`check_invertible_scale` as an operation of a graph being compiled, which
     ``torch.compile`` traces (a test on the host would need the weight's values while
     tracing, which it has not): the compiled step raises a ``RuntimeError`` when it runs
-    with some ``|weight| < eps``, ahead of the layer's kernels in the graph (Inductor may
-    still schedule the module's batch count before it)."""
+    with some ``|weight| < eps``, ahead of the layer's kernels in the graph. Returns the
+    checked condition (:func:`check_scale_where_readable`)."""
+    accepted = weight.detach().abs().ge(eps).all()
     torch._assert_async(
-        weight.detach().abs().ge(eps).all(),
+        accepted,
         f"scale_mode='bn' needs |weight| >= eps={eps} to invert the scale in backward, but "
         "|weight| < eps in some channel of weight; use scale_mode='abs' or re-initialise "
         "weight")
+    return accepted
 
 
 def _scale_error(magnitude, eps, note=""):
@@ -832,15 +856,16 @@ def abn(input, weight=None, bias=None, running_mean=None, running_var=None, trai
     ``|weight| + eps``) or ``"bn"`` (scale ``weight``); see the module docstring. ``group``:
     a ``torch.distributed`` process group to synchronise the statistics over, as
     :func:`inplace_abn` (``None``: no synchronisation). ``on_accept``: ``None`` or a function
-    called without arguments once every argument is accepted, before anything is written
-    (the modules count the batch there, so a refused call leaves ``num_batches_tracked``
-    alone).
+    called once every argument is accepted, before anything is written (the modules count
+    the batch there, so a refused call leaves ``num_batches_tracked`` alone), with one
+    argument: ``None``, or where a check runs on the device or in a compiled graph (the
+    in-place ``scale_mode="bn"`` one) a 0-d bool tensor, ``True`` where the call is accepted.
     """
     act, slope = check_activation(activation, activation_param, inplace=False)
     check_choice("scale_mode", scale_mode, SCALE_MODES)
     _check_input(input, weight, bias, running_mean, running_var, training, eps, momentum)
     if on_accept is not None:
-        on_accept()
+        on_accept(None)
     return _ABN.apply(input, weight, bias, running_mean, running_var, training, momentum, eps,
                       act, slope, scale_mode, group)
 
@@ -863,9 +888,9 @@ def inplace_abn(input, weight=None, bias=None, running_mean=None, running_var=No
     check_choice("variant", variant, VARIANTS)
     check_choice("scale_mode", scale_mode, SCALE_MODES)
     _check_input(input, weight, bias, running_mean, running_var, training, eps, momentum)
-    check = _check_inplace_input(input, weight, eps, scale_mode)
+    check, accepted = _check_inplace_input(input, weight, eps, scale_mode)
     if on_accept is not None:
-        on_accept()
+        on_accept(accepted)
     if _runs_on_a_copy(input, weight, bias):
         input = input.clone()
     return _InPlaceABN.apply(input, weight, bias, running_mean, running_var, training, momentum,
