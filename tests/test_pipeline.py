@@ -343,17 +343,37 @@ def test_editing_code_reruns_exactly_the_points_that_run_it(checkout):
     assert planned(checkout, *RERUN_TARGETS) == {}
 
 
+def documented_commands(pattern):
+    """The words of every command line of the README and docs/ that matches ``pattern``."""
+    documents = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [shlex.split(line.split("#")[0])
+            for document in documents
+            for line in re.findall(pattern, document.read_text(), re.M)]
+
+
 def test_the_documented_commands_measure_one_experiment_anew(checkout):
     """Every `snakemake <id> --forcerun <id>_point` in the README and docs/ remeasures every
     point of <id> (built here for Fig. 4), re-aggregates and re-renders it, and runs nothing
     else."""
-    documents = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-    commands = [shlex.split(line.split("#")[0])
-                for document in documents
-                for line in re.findall(r"^snakemake .*--forcerun.*$", document.read_text(), re.M)]
+    commands = documented_commands(r"^snakemake .*--forcerun.*$")
     assert "densenet_fig4_memory" in {args[3] for args in commands}
     for args in commands:
         assert args[:3] == ["snakemake", "--cores", "2"] and args[4] == "--forcerun", args
         experiment = args[3]
         assert planned(checkout, *args[1:]) == {f"{experiment}_point": point_count(experiment),
                                                 "aggregate": 1, "render": 1, experiment: 1}, args
+
+
+def test_the_documented_one_point_commands_plan_that_point_alone(workdir):
+    """Every `snakemake --cores 2 artifacts/<id>/<run>/<point>.json` in the README and docs/
+    names a point of the default profile, and measures it and nothing else."""
+    commands = documented_commands(r"^snakemake [^#\n]*artifacts/\S+\.json.*$")
+    assert commands
+    for args in commands:
+        assert args[:3] == ["snakemake", "--cores", "2"] and len(args) == 4, args
+        experiment, run, point = Path(args[3]).with_suffix("").parts[1:]
+        assert run == "smoke-cpu", args
+        assert point in EXPERIMENT_POINTS[experiment](profile("smoke")[experiment]), args
+        result = snakemake(workdir, "-n", *args[1:])
+        assert result.returncode == 0, result.stderr
+        assert job_counts(result.stdout) == {f"{experiment}_point": 1}, args
