@@ -173,6 +173,20 @@ class SegmentationDataset(torch.utils.data.Dataset):
     def __len__(self):
         return len(self.samples)
 
+    def raw_ids(self):
+        """The release's label value of each train id, ``uint8`` of shape ``(num_classes,)``:
+        the inverse of the lookup table, so predictions are written in the ids the release's
+        benchmark reads. A train id that no value, or several, map to has no one raw value
+        and raises ``ValueError``."""
+        raw = np.empty(self.num_classes, np.uint8)
+        for train_id in range(self.num_classes):
+            values = np.flatnonzero(self.lut == train_id)
+            if values.size != 1:
+                raise ValueError(f"train id {train_id} ({self.classes[train_id]!r}) is the "
+                                 f"image of raw values {values.tolist()}, not of exactly one")
+            raw[train_id] = values[0]
+        return raw
+
     def _target(self, index, size):
         """The train-id map of sample ``index``; ``size`` is its image's ``(width, height)``."""
         image_path, label_path = self.samples[index]

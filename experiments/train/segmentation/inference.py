@@ -142,10 +142,13 @@ def _json_float(value):
 
 @torch.no_grad()
 def evaluate_segmentation(model, loader, device, *, num_classes, scales=(1.0,), flip=False,
-                          window=None, overlap=1 / 3, ignore_index=255, non_blocking=False):
+                          window=None, overlap=1 / 3, ignore_index=255, non_blocking=False,
+                          sink=None):
     """Mean IoU, pixel accuracy and per-class IoU of ``model`` (put in eval mode, its mode
     restored after) over ``loader``, which yields ``(images (N, 3, H, W), targets (N, H, W)
-    int64)``; predictions from :func:`predict_logits`.
+    int64)``; predictions from :func:`predict_logits`. ``sink``, if given, is called with each
+    batch's predicted train ids ``(N, H, W)`` int64 in loader order (the prediction command
+    writes them as files: the files and the metrics come from one pass).
 
     In a distributed run each rank evaluates its own shard and the confusion matrices (and the
     image counts) are summed over the ranks, so every rank returns the metrics of the whole
@@ -172,7 +175,10 @@ def evaluate_segmentation(model, loader, device, *, num_classes, scales=(1.0,), 
                                  f"images, got {tuple(target.shape)}")
             scores = predict_logits(model, images, scales=scales, flip=flip, window=window,
                                     overlap=overlap, num_classes=num_classes)
-            cm += confusion_matrix(scores.argmax(dim=1), target, num_classes, ignore_index)
+            prediction = scores.argmax(dim=1)
+            cm += confusion_matrix(prediction, target, num_classes, ignore_index)
+            if sink is not None:
+                sink(prediction)
             count += images.shape[0]
     finally:
         model.train(was_training)
