@@ -58,12 +58,14 @@ GOOD = {"standard": 0, "checkpoint": 3.0, "checkpoint_proposed": 2.5, "inplace_a
 #: Claims judged from the two GPU timing experiments written below.
 PAPER_CUDA_CLAIMS = ("iabn_time_overhead", "iabn_checkpoint_doubles_overhead",
                      "iabn_memory_saving", "iabn_buffers_per_strategy",
+                     "iabn_fig1_residual_block_buffers",
                      "iabn_ii_faster_than_checkpoint_proposed",
                      "densenet_noncontiguous_overhead")
 
 
 #: The claims of the method's own accounting: they hold by construction, not by measurement.
-BY_CONSTRUCTION_CLAIMS = ("iabn_memory_saving", "iabn_buffers_per_strategy")
+BY_CONSTRUCTION_CLAIMS = ("iabn_memory_saving", "iabn_buffers_per_strategy",
+                          "iabn_fig1_residual_block_buffers")
 
 
 def test_gpu_numbers_like_the_papers_are_reproduced(artifacts):
@@ -170,9 +172,9 @@ def test_report_counts_the_verdicts_of_each_paper_at_the_top(artifacts):
                        if c["id"] == claim_id)["paper"].startswith(paper)]
         row = " | ".join(str(got.count(v)) for v in claims.VERDICTS)
         assert f"{paper}" in counts and f" | {row} | {len(got)} |" in counts, paper
-    # The timing run's two accounting claims hold by construction, three GPU timings are not
+    # The timing run's three accounting claims hold by construction, three GPU timings are not
     # measurable on its CPU.
-    assert "| 0 | 2 | 0 | 0 | 3 |" in counts
+    assert "| 0 | 3 | 0 | 0 | 3 |" in counts
     for verdict in claims.VERDICTS:
         assert f"**{verdict}**: " in counts, verdict
 
@@ -337,16 +339,17 @@ def test_densenet_time_overhead_is_a_gpu_claim(artifacts):
     assert got == {"paper-cuda": claims.REPRODUCED, "slow-cuda": claims.NOT_REPRODUCED,
                    "smoke-cpu": claims.NOT_MEASURABLE, "other-cuda": claims.NOT_MEASURED}
     assert _outcomes(artifacts, "densenet_shared_time_overhead")["paper-cuda"].reason == (
-        "criterion: overhead within 10-25% (the paper's 'roughly' 15% on LuaTorch and 20% on "
-        "PyTorch, +/- 5 pp: a speed-up or a far larger cost is not the paper's)")
+        "criterion: overhead within 15-25% (the paper's 'roughly' 20% on PyTorch +/- 5 pp, the "
+        "gap between it and LuaTorch's 15%: a speed-up or a far larger cost is not the paper's)")
     assert _outcomes(artifacts, "densenet_shared_time_overhead")["smoke-cpu"].measured == (
         "DenseNet-BC-100, batch 64: shared storage +18.0% time over naive")
 
 
 @pytest.mark.parametrize("overhead, verdict", [
-    (-5, claims.NOT_REPRODUCED), (9, claims.NOT_REPRODUCED), (11, claims.REPRODUCED),
+    (-5, claims.NOT_REPRODUCED), (14, claims.NOT_REPRODUCED), (16, claims.REPRODUCED),
     (24, claims.REPRODUCED), (26, claims.NOT_REPRODUCED)])
-def test_densenet_time_overhead_is_a_band_around_15_to_20_percent(artifacts, overhead, verdict):
+def test_densenet_time_overhead_is_a_band_around_pytorchs_20_percent(artifacts, overhead,
+                                                                      verdict):
     write(artifacts, "densenet_fig5_time", "paper-cuda", fig5_frame("cuda", {"shared": overhead}))
     assert _outcomes(artifacts, "densenet_shared_time_overhead")["paper-cuda"].verdict == verdict
 
@@ -379,11 +382,17 @@ def test_papers_numbers_appear_in_the_papers_text():
     papers = ROOT.parent / "shared" / "papers"
     if not papers.is_dir():
         pytest.skip(f"no paper texts at {papers}")
-    expected = {"memory-efficient-densenets.txt": ("4.51", "5.18", "22.27", "24.30", "22%",
-                                                   "nearly 500 layers", "20.26%", "15%",
-                                                   "from quadratic to linear"),
+    expected = {"memory-efficient-densenets.txt": (
+                    "4.51", "5.18", "22.27", "24.30", "22%", "nearly 500 layers", "20.26%",
+                    "15%", "20% on PyTorch", "from quadratic to linear", "14M parameters",
+                    "up from 4M", "340-layer model", "2.5", "as deep and has 6", "1.8M",
+                    "160K", "29M", "20M", "55M", "33M", "73M", "roughly 5%",
+                    "does not incur any time cost", "nearly 1 percentage point"),
                 "inplace-abn.txt": ("0.8", "up to 50%", "+75%", "77.04", "78.08", "74.42",
-                                    "79.16", "79.40", "82.03", "53.12", "53.37")}
+                                    "79.16", "79.40", "82.03", "53.12", "53.37", "6 buffers",
+                                    "only 3 buffers", "256 images per batch",
+                                    "similar accuracy", "noticeable performance increase",
+                                    "LEAKY RELU with slope")}
     for name, numbers in expected.items():
         body = (papers / name).read_text()
         for number in numbers:

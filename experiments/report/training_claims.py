@@ -190,3 +190,44 @@ def _float64_parity(claim, frame):
         f"{parity.CONTROL_PERTURBATION:g} (the rounding control: beyond that the training "
         "amplifies rounding errors whatever the implementation, so a model whose control "
         "diverges within a few steps checks only those steps)"))
+
+
+def _table1_points(claim, frame, points):
+    """``(rows, None)``: the Table 1 rows of ``points`` trained at the paper's setting, or
+    ``(None, Outcome)`` saying which is missing or off the setting (with what was measured)."""
+    rows = {point: _table1_row(frame, point) for point in points}
+    missing = [point for point, row in rows.items() if row is None]
+    if missing:
+        return None, Outcome("-", NOT_MEASURED, f"the run has no {', '.join(missing)} point")
+    measured = ", ".join(f"{p} {row['center224_top1']:.2f}%" for p, row in rows.items())
+    ok, why = _at_setting(frame[frame["point"].isin(points)], 90)
+    return (rows, None) if ok else (None, Outcome(measured, NOT_MEASURED, why))
+
+
+@evaluates("iabn_table1_order_more_memory")
+def _table1_order(claim, frame):
+    points = list(dict.fromkeys(p for pair in claim["pairs"] for p in pair))
+    rows, outcome = _table1_points(claim, frame, points)
+    if outcome:
+        return outcome
+    gaps = [(high, low, rows[high]["center224_top1"] - rows[low]["center224_top1"])
+            for high, low in claim["pairs"]]
+    return Outcome("; ".join(f"{high} vs {low}: {gap:+.2f} pp" for high, low, gap in gaps),
+                   verdict(all(gap > 0 for _, _, gap in gaps)),
+                   f"criterion: in each of the {len(gaps)} pair(s), the first point's top-1 "
+                   "(224 centre) above the second's, as in the paper's table (an order is a "
+                   "bound: how far above is the rows' own criterion)")
+
+
+@evaluates("iabn_table1_batch512_like_resnext152")
+def _table1_similar(claim, frame):
+    first, second = claim["similar"]
+    rows, outcome = _table1_points(claim, frame, [first, second])
+    if outcome:
+        return outcome
+    gap = rows[first]["center224_top1"] - rows[second]["center224_top1"]
+    return Outcome(f"{first} {rows[first]['center224_top1']:.2f}% vs {second} "
+                   f"{rows[second]['center224_top1']:.2f}% ({gap:+.2f} pp)",
+                   verdict(abs(gap) <= TOLERANCE_PP),
+                   f"criterion: top-1 (224 centre) within {TOLERANCE_PP} pp of each other "
+                   "either side ('similar accuracy': the trainings' run-to-run spread)")
