@@ -3,7 +3,9 @@ Cityscapes, COCO-Stuff or Mapillary Vistas, evaluated by mIoU, and recorded (InP
 Sec. 4.2, Table 2).
 
 The recipe is the paper's: the body starts from an ImageNet classification checkpoint
-(``--pretrained``, the weights a classification point wrote), output stride 8, the DeepLabV3
+(``--pretrained``, the weights a classification point wrote; or, with ``--init``, the whole
+network starts from a segmentation point's weights, the paper's Vistas pre-training of its
+Cityscapes test model, a classifier of other classes excepted), output stride 8, the DeepLabV3
 head with the body's normalisation (``--norm bn|iabn|iabn_sync``), logits upsampled bilinearly,
 the online bootstrapped cross-entropy (p = 1.0, m = 25%), SGD with momentum 0.9 (not Nesterov:
 the paper says momentum only) and weight decay 1e-4, learning rate 2.5e-3 with the poly 0.9
@@ -111,6 +113,9 @@ def parser(experiment, description):
                            "download's config_v1.2.json and <split>/v1.2/labels/)")
     data.add_argument("--coarse", action="store_true",
                       help="Cityscapes: also train on train_extra with the coarse labels")
+    data.add_argument("--train-val", action="store_true",
+                      help="train on the training and validation splits together (the paper's "
+                           "Vistas test model); the evaluations then score trained images")
     data.add_argument("--class-uniform", action="store_true",
                       help="CLASS-UNIFORM SAMPLING: each epoch shows all classes uniformly")
     data.add_argument("--scale", type=float, nargs=2, default=(0.7, 2.0),
@@ -125,6 +130,11 @@ def parser(experiment, description):
     net.add_argument("--pretrained", type=Path,
                      help="the body's ImageNet weights: a classification point's --weights "
                           "(default: none, random initialisation)")
+    net.add_argument("--init", type=Path,
+                     help="start the whole network from a segmentation point's --weights "
+                          "(its body, head and, for the same classes, its classifier; the "
+                          "paper's Cityscapes test model is Vistas pre-trained), instead of "
+                          "--pretrained")
     batch = p.add_argument_group("batch compilation")
     batch.add_argument("--capacity", type=Path,
                        help="an iabn_table2_capacity point's JSON: crops per device and crop "
@@ -208,20 +218,27 @@ def check(p, args):
         p.error(f"--eval: names {names} must be unique")
     if not args.data.exists():
         p.error(f"--data {args.data}: no such directory (see --help for the expected layout)")
-    if args.pretrained is not None and not args.pretrained.is_file():
-        p.error(f"--pretrained {args.pretrained}: no such file")
+    for option in ("pretrained", "init"):
+        path = getattr(args, option)
+        if path is not None and not path.is_file():
+            p.error(f"--{option} {path}: no such file")
+    if args.pretrained is not None and args.init is not None:
+        p.error("--init starts the whole network, its body too: give it or --pretrained, "
+                "not both")
     check_work_dir(p, args)
     return args
 
 
 def datasets(args):
     """``(train_set, val_set)`` of ``args.dataset`` with the training and evaluation
-    transforms."""
+    transforms; with ``--train-val`` the training set holds the validation images too."""
     cls, train_split, val_split = DATASETS[args.dataset]
     extra = {"coarse": True} if args.coarse else {}
     train = cls(args.data, train_split,
                 seg_transforms.SegmentationTrain(args.crop, scale=tuple(args.scale)), **extra)
     val = cls(args.data, val_split, seg_transforms.SegmentationEval())
+    if args.train_val:
+        train.extend(val)
     return train, val
 
 
@@ -258,8 +275,31 @@ def class_uniform_sampler(train_set):
     return make
 
 
+def load_init(model, path):
+    """Load the segmentation weights at ``path`` into ``model`` (a network of the same body,
+    width, normalisation and head): every tensor, except a classifier of another number of
+    classes (another data set's), which keeps its initialisation. Any other difference is a
+    ``ValueError`` naming the file."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    own = model.state_dict()
+    foreign, missing = sorted(set(state) - set(own)), sorted(set(own) - set(state))
+    if foreign or missing:
+        raise ValueError(f"--init {path}: not a segmentation network of this body and head "
+                         f"({len(foreign)} tensors of no part of it, first {foreign[:3]}; "
+                         f"{len(missing)} missing, first {missing[:3]})")
+    other = [k for k in own if state[k].shape != own[k].shape]
+    wrong = [k for k in other if not k.startswith("classifier.")]
+    if wrong:
+        raise ValueError(f"--init {path}: {len(wrong)} tensors have another shape (first: "
+                         f"{wrong[0]} {tuple(state[wrong[0]].shape)} vs "
+                         f"{tuple(own[wrong[0]].shape)}); another width or body?")
+    model.load_state_dict({k: v for k, v in state.items() if k not in other}, strict=False)
+    return other
+
+
 def build(args, num_classes):
-    """The DeepLabV3 network of the options, its body loaded from ``--pretrained``."""
+    """The DeepLabV3 network of the options, its body loaded from ``--pretrained`` or the
+    whole network from ``--init``."""
     model_args = dict(args.model_args)
     try:
         model = deeplabv3(args.body, num_classes=num_classes, output_stride=args.output_stride,
@@ -272,6 +312,8 @@ def build(args, num_classes):
             model.load_body(state)
         except ValueError as error:
             raise ValueError(f"--pretrained {args.pretrained}: {error}") from error
+    if args.init is not None:
+        load_init(model, args.init)
     return model
 
 
@@ -287,16 +329,18 @@ def file_digest(path):
 def resume_options(args):
     """The options a resume must match beyond what the engine's fingerprint holds (recipe with
     the crops per rank, seed, model layout, data set lengths, sampler), by their command-line
-    names: the data (``--dataset``, ``--coarse``, ``--scale``, ``--crop``), the model
-    (``--body``, ``--model-arg``, ``--norm``, ``--output-stride``, ``--pretrained`` by its
-    content: the weights it starts from, wherever the file lies), the loss
+    names: the data (``--dataset``, ``--coarse``, ``--train-val``, ``--scale``, ``--crop``), the
+    model (``--body``, ``--model-arg``, ``--norm``, ``--output-stride``, ``--pretrained`` and
+    ``--init`` by their content: the weights it starts from, wherever the file lies), the loss
     (``--bootstrap-p``, ``--bootstrap-m``), the evaluations (``--eval``, ``--eval-window``),
     and ``--device``, ``--dtype``, ``--threads`` (another thread count sums in another order,
     so gradients differ). Paths, ``--workers`` and the outputs change no result."""
-    return {"--dataset": args.dataset, "--coarse": args.coarse, "--scale": list(args.scale),
+    return {"--dataset": args.dataset, "--coarse": args.coarse, "--train-val": args.train_val,
+            "--scale": list(args.scale),
             "--crop": args.crop, "--body": args.body, "--model-arg": dict(args.model_args),
             "--norm": args.norm, "--output-stride": args.output_stride,
             "--pretrained": None if args.pretrained is None else file_digest(args.pretrained),
+            "--init": None if args.init is None else file_digest(args.init),
             "--bootstrap-p": args.bootstrap_p, "--bootstrap-m": args.bootstrap_m,
             "--eval": [[name, list(scales), flip] for name, scales, flip in args.evals],
             "--eval-window": args.eval_window, "--device": args.device, "--dtype": args.dtype,
@@ -322,8 +366,10 @@ def configuration(args):
             "model_args": json.dumps(dict(args.model_args), sort_keys=True),
             "norm": args.norm, "output_stride": args.output_stride,
             "pretrained": None if args.pretrained is None else str(args.pretrained),
+            "init": None if args.init is None else str(args.init),
             "crops_per_device": args.crops, "crop_size": args.crop, **args.capacity_config,
             "class_uniform": args.class_uniform, "coarse": args.coarse,
+            "train_val": args.train_val,
             "scale_min": args.scale[0], "scale_max": args.scale[1], "epochs": args.epochs,
             "lr": args.lr, "schedule": "poly", "poly_power": args.poly_power,
             "momentum": args.momentum, "nesterov": False, "weight_decay": args.weight_decay,
@@ -387,11 +433,11 @@ def main(experiment, description, argv=None):
     except USER_ERRORS as error:
         exit_with_message(p, error)
     except ValueError as error:
-        if "--pretrained" in str(error) or "--model-arg" in str(error):
+        if str(error).startswith(("--pretrained", "--init", "--model-arg")):
             p.error(str(error))
         raise
 
 
 __all__ = ["DATASETS", "METRICS", "NORMS", "SegmentationEvaluator", "build", "check",
            "check_data", "class_uniform_sampler", "configuration", "datasets", "eval_sets",
-           "file_digest", "main", "parser", "read_capacity", "recipe", "resume_options", "run"]
+           "file_digest", "load_init", "main", "parser", "read_capacity", "recipe", "resume_options", "run"]

@@ -117,7 +117,7 @@ def model_options(config):
     return argparse.Namespace(body=config["body"], norm=config["norm"],
                               output_stride=config["output_stride"],
                               model_args=json.loads(config["model_args"]),
-                              pretrained=None)
+                              pretrained=None, init=None)
 
 
 def predict(args):

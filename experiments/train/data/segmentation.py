@@ -173,6 +173,16 @@ class SegmentationDataset(torch.utils.data.Dataset):
     def __len__(self):
         return len(self.samples)
 
+    def extend(self, other):
+        """Append the samples of ``other``, another split of the same release (the same
+        classes and label table), and return ``self``: the training set of a test-set model
+        is the training and validation splits together."""
+        if other.classes != self.classes or not np.array_equal(other.lut, self.lut):
+            raise ValueError(f"{other!r} has other classes or labels than {self!r}")
+        self.samples += other.samples
+        self._presence = None
+        return self
+
     def raw_ids(self):
         """The release's label value of each train id, ``uint8`` of shape ``(num_classes,)``:
         the inverse of the lookup table, so predictions are written in the ids the release's
