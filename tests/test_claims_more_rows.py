@@ -4,6 +4,7 @@ buffers of a residual block, Table 1's orderings, and the claims no planned poin
 (LuaTorch figures, per-operator shares, a ResNet never trained, the classification capacity,
 ReLU vs leaky ReLU). Every criterion is shown failing on each side of each of its bounds."""
 import pandas as pd
+import yaml
 import pytest
 
 from experiments.report import claims
@@ -124,7 +125,8 @@ NOT_PLANNED = {
 
 def test_claims_no_point_measures_are_not_measured_and_say_what_it_takes(artifacts):
     assert {c["id"] for c in claims.load_claims(artifacts) if "not_planned" in c} == set(
-        NOT_PLANNED) | {"iabn_table2_cityscapes_test", "iabn_table2_vistas_test"}
+        NOT_PLANNED) | {"iabn_table2_cityscapes_test", "iabn_table2_vistas_test",
+                        "densenet_memory_160_layers", "densenet_naive_over_12gb_beyond_160_layers"}
     write(artifacts, "densenet_fig5_time", "paper-cuda", fig5_frame("cuda", {"shared": 18}))
     write(artifacts, "densenet_fig4_memory", "smoke-cpu", with_simulated(
         fig4_frame("cpu", PAPER_LIKE), {"shared": (496, False, 502)}))
@@ -193,3 +195,43 @@ def test_table1_orders_are_not_measured_off_the_setting_or_without_a_point(artif
         assert "3 epochs" in outcomes["smoke-cpu"].reason
         assert outcomes["short-cpu"].verdict == claims.NOT_MEASURED
         assert "has no" in outcomes["short-cpu"].reason
+
+
+# --------------------------------------------------------------------------- what judging takes
+def to_judge_section(artifacts):
+    text = claims.report(artifacts)
+    return text.split("### What judging the claims not judged yet takes")[1].split("\n## ")[0]
+
+
+def test_the_report_says_what_judging_each_open_claim_takes(artifacts):
+    section = to_judge_section(artifacts)
+    for claim in claims.load_claims(artifacts):  # nothing run: every claim is open
+        listed = (f"- `{claim['id']}`: {claim['not_planned']}" if "not_planned" in claim
+                  else f"`{claim['id']}`")
+        assert listed in section, claim["id"]
+    # Fig. 4 at the paper profile: 5 implementations x 25 depths, one GPU and 60 minutes each.
+    fig4 = yaml.safe_load(claims.PAPER_PROFILE.read_text())["densenet_fig4_memory"]
+    jobs = len(fig4["impls"]) * len(fig4["depths"])
+    hours = jobs * fig4["cluster"]["runtime_min"] / 60
+    row = next(line for line in section.splitlines() if line.startswith("| `densenet_fig4"))
+    assert row.endswith(f"| cuda, 1 GPU(s) per job | none (generated tensors) | {jobs} | "
+                        f"{hours:,.1f} |")
+    table1 = next(line for line in section.splitlines()
+                  if line.startswith("| `iabn_table1_imagenet`"))
+    assert "| cuda, 1 or 4 GPU(s) per job | imagenet |" in table1
+
+
+def test_judged_claims_leave_the_list_and_the_hours_follow_the_profile(artifacts, tmp_path):
+    write(artifacts, "iabn_table1_timing", "paper-cuda", iabn_frame("cuda", GOOD))
+    section = to_judge_section(artifacts)
+    assert "`iabn_table1_timing`" not in section and "`iabn_time_overhead`" not in section
+    profile = yaml.safe_load(claims.PAPER_PROFILE.read_text())
+    profile["densenet_fig5_time"]["cluster"]["runtime_min"] = 90
+    profile["densenet_fig5_time"]["depths"] = [100, 160]
+    path = tmp_path / "paper.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    rows = [(c, outcome) for c in claims.load_claims(artifacts)
+            for _, _, outcome in claims.evaluate(c, artifacts)]
+    lines = claims.to_judge(rows, path)
+    fig5 = next(line for line in lines if line.startswith("| `densenet_fig5_time`"))
+    assert fig5.endswith("| 2 | 3.0 |")  # two jobs of 1.5 hours on one GPU

@@ -7,7 +7,11 @@ sources); each names the experiment that measures it. For every run of that expe
 under ``--artifacts`` (an aggregated ``<experiment>.<run>.csv``), the claim's evaluator - one
 function per claim, registered with :func:`evaluates` - reads the CSV and returns what was
 measured, a verdict and its reason (the criterion). The report opens with the count of each
-verdict per paper. Verdicts:
+verdict per paper and, for the claims no run judged yet, what judging them takes at the paper
+profile (:func:`to_judge`: device, data sets, GPU-hours estimated from the profile's wall-time
+requests, the `snakemake` target). A claim that no point of the pipeline measures says so in
+its YAML (``not_planned``: why, and what judging it would take) and is "not measured at the
+claimed setting" with that text (:func:`not_planned`). Verdicts:
 
 * ``reproduced`` / ``not reproduced``: the evaluator's stated criterion holds / fails; a
   criterion is two-sided wherever the paper gives a number or a factor, one-sided only where
@@ -938,6 +942,94 @@ def verdict_counts(rows):
     return lines
 
 
+#: The verdicts of a claim not judged yet: what a reader with GPUs could change.
+NOT_JUDGED = (NOT_MEASURABLE, NOT_MEASURED, NOT_RUN, NOT_IMPLEMENTED)
+#: The profile at the papers' sizes, whose jobs judge the claims not judged yet.
+PAPER_PROFILE = EXPERIMENTS_DIR / "config" / "paper.yaml"
+#: The measurement experiments' GPU jobs in a profile section, one GPU each (their simulated
+#: points run on the meta device, no GPU): how many.
+MEASUREMENT_JOBS = {
+    "densenet_fig2_contiguous": lambda s: len(s["in_channels"]),
+    "iabn_table1_timing": lambda s: len(s["modules"]),
+    "densenet_fig4_memory": lambda s: len(s["impls"]) * len(s["depths"]),
+    "densenet_fig5_time": lambda s: len(s["depths"]),
+    "iabn_table2_capacity": lambda s: 2 * len(s["modes"]) * sum(
+        len(spec["crops"]) for spec in s["datasets"].values()),
+}
+TRAINING_EXPERIMENTS = ("densenet_fig2_preact", "densenet_fig6_imagenet", "iabn_table1_imagenet")
+
+
+def paper_jobs(profile):
+    """``{experiment: [(GPUs, wall-time request in minutes, data set or None)]}``, one entry
+    per GPU job of ``profile`` (a profile's mapping, e.g. the paper profile's), as the
+    Snakefile's rules plan them."""
+    from ..train import plan, seg_plan  # the planners of the training rules
+
+    jobs = {experiment: [(1, profile[experiment]["cluster"]["runtime_min"], None)] * count(
+        profile[experiment]) for experiment, count in MEASUREMENT_JOBS.items()}
+    training = {e: plan.point_specs(profile[e]) for e in TRAINING_EXPERIMENTS}
+    for experiment, specs in training.items():
+        jobs[experiment] = [(s["nproc"], s["cluster"]["runtime_min"], s["dataset"])
+                            for s in specs.values()]
+    parity = profile["iabn_table1_imagenet"]["parity"]
+    jobs["iabn_table1_imagenet"] += [(1, parity["cluster"]["runtime_min"], None)] * len(
+        parity["models"])
+    segmentation = seg_plan.point_specs(profile["iabn_table2_segmentation"],
+                                        training["iabn_table1_imagenet"])
+    jobs["iabn_table2_segmentation"] = [(s["devices"], s["cluster"]["runtime_min"],
+                                         s["dataset"]) for s in segmentation.values()]
+    return jobs
+
+
+#: What the GPU-hours of :func:`to_judge` are.
+GPU_HOURS_BASIS = ("an upper estimate, not a measurement: per job, the paper profile's "
+                   "wall-time request (`cluster.runtime_min`, set with room to spare for the "
+                   "papers' schedules: their epochs, data sets and GPUs) times its GPUs, summed "
+                   "over the experiment's jobs")
+
+
+def to_judge(rows, profile_path=PAPER_PROFILE):
+    """Markdown lines: for the claims no run judged yet (``rows``: ``[(claim, Outcome)]``), per
+    experiment what judging them takes at the paper profile (device, data sets, GPU-hours,
+    the `snakemake` target), and the claims no planned point measures, with what it takes."""
+    verdicts = {}
+    for claim, outcome in rows:
+        verdicts.setdefault(claim["id"], (claim, set()))[1].add(outcome.verdict)
+    open_claims = [claim for claim, seen in verdicts.values() if seen <= set(NOT_JUDGED)]
+    unplanned = [claim for claim in open_claims if "not_planned" in claim]
+    by_experiment = {}
+    for claim in open_claims:
+        if "not_planned" not in claim:
+            by_experiment.setdefault(claim["experiment"], []).append(claim["id"])
+    profile = yaml.safe_load(Path(profile_path).read_text(encoding="utf-8"))
+    jobs = paper_jobs(profile)
+    lines = ["", "### What judging the claims not judged yet takes", "",
+             f"Per experiment, at the paper profile (`{Path(profile_path).name}`): the device "
+             f"its jobs ask for, the data sets, and GPU-hours ({GPU_HOURS_BASIS}). Run with "
+             "`snakemake --cores all --resources gpu=<GPUs> --config profile=paper <target>` "
+             "(the training experiments read the data sets from `datasets.<name>.root`). A "
+             "target runs what it chains first: `iabn_table2_segmentation` its ImageNet bodies "
+             "(`iabn_table1_imagenet`'s points) and its crops (`iabn_table2_capacity`'s), whose "
+             "GPU-hours are in their own rows.", "",
+             "| experiment (target) | claims not judged | device | data sets | jobs | "
+             "GPU-hours (estimate) |", "|---|---|---|---|---|---|"]
+    for experiment, ids in by_experiment.items():
+        planned = jobs.get(experiment, [])
+        gpus = sorted({g for g, _, _ in planned})
+        datasets = sorted({d for _, _, d in planned if d}) or ["none (generated tensors)"]
+        hours = sum(g * minutes for g, minutes, _ in planned) / 60
+        device = (f"{profile['device']}, {' or '.join(map(str, gpus))} GPU(s) per job"
+                  if planned else "-")
+        cells = [f"`{experiment}`", f"{len(ids)}: " + ", ".join(f"`{i}`" for i in ids), device,
+                 ", ".join(datasets), str(len(planned)) if planned else "not in the profile",
+                 f"{hours:,.1f}" if planned else "-"]
+        lines.append("| " + " | ".join(_escape(c) for c in cells) + " |")
+    if unplanned:
+        lines += ["", "No planned point measures these; what judging them takes:", ""]
+        lines += [f"- `{claim['id']}`: {claim['not_planned']}" for claim in unplanned]
+    return lines
+
+
 def report(artifacts):
     """The claims report for every run under ``artifacts``, as Markdown."""
     claims = load_claims(artifacts)
@@ -950,7 +1042,8 @@ def report(artifacts):
              "Verdicts, one per claim and run, counted per paper:", "",
              *verdict_counts([(claim["paper"], outcome) for claim, _, _, outcome in rows]), "",
              "; ".join(f"**{v}**: {LEGEND[v]}" for v in VERDICTS) + ". A judged row's \"why\" "
-             "states the criterion it was judged by."]
+             "states the criterion it was judged by.",
+             *to_judge([(claim, outcome) for claim, _, _, outcome in rows])]
     header = ["claim", "the paper says", "source", "run", "device", "measured", "verdict",
               "why"]
     for paper in dict.fromkeys(c["paper"] for c in claims):

@@ -71,12 +71,18 @@ def _preact_cifar100(claim, frame):
     return _preact(claim, frame, "cifar100")
 
 
+#: The points that judge the ImageNet accuracy claims: DenseNet Fig. 6's deepest cosine model,
+#: and InPlace-ABN Table 1's STD-BN baseline and INPLACE-ABN at batch 512.
+DENSENET_TOP1_POINT = "densenet264_k48_cosine"
+IABN_TOP1_POINTS = ("resnext101_bn_256", "resnext101_iabn_512")
+
+
 @evaluates("densenet_imagenet_top1")
 def _densenet_imagenet_top1(claim, frame):
     table = training.imagenet_densenets(frame)
     measured = ", ".join(f"{r.network} k={r.growth_rate} {r.schedule}: {r.top1_error_pct:.2f}% "
                          f"({r.params_m:.1f}M)" for r in table.itertuples())
-    rows = frame[frame["point"] == "densenet264_k48_cosine"]
+    rows = frame[frame["point"] == DENSENET_TOP1_POINT]
     if rows.empty:
         return Outcome(measured, NOT_MEASURED, "the run has no DenseNet-264 k=48 cosine point")
     ok, why = _at_setting(rows, 100, {"growth_rate": 48})
@@ -100,12 +106,12 @@ def _accuracies(row, value):
 
 @evaluates("iabn_imagenet_top1")
 def _iabn_imagenet_top1(claim, frame):
-    base, large = (_table1_row(frame, p) for p in ("resnext101_bn_256", "resnext101_iabn_512"))
+    base, large = (_table1_row(frame, p) for p in IABN_TOP1_POINTS)
     if base is None or large is None:
         return Outcome("-", NOT_MEASURED, "the run lacks the STD-BN 256 or InPlace-ABN 512 row")
     measured = (f"{base['center224_top1']:.2f}% (STD-BN, batch {base['batch']}) -> "
                 f"{large['center224_top1']:.2f}% (InPlace-ABN, batch {large['batch']})")
-    points = frame[frame["point"].isin(["resnext101_bn_256", "resnext101_iabn_512"])]
+    points = frame[frame["point"].isin(IABN_TOP1_POINTS)]
     ok, why = _at_setting(points, 90)
     if not ok:
         return Outcome(measured, NOT_MEASURED, why)
