@@ -14,7 +14,16 @@ FIXED CROP crop: Cityscapes 512^2, COCO-Stuff 480^2 and 496^2), so Table 2's bra
 mIoU come from one chain; a
 bottom point (the paper's tuned runs) states them. Every point's body has the architecture
 arguments (``width``, ``preact``) of its ImageNet point, so the checkpoint fits.
+
+The paper's test-set models: a bottom point may start from another point's trained network
+(``init: <point>``, ``--init``: the Cityscapes test model is "Vistas pre-trained"; that point
+trains first, and the two share body and normalisation) instead of the ImageNet weights, and
+may train on training + validation (``train_val: true``: the Vistas test model).
+``submissions`` (optional) names the prediction folders to write for the benchmark servers:
+name -> ``{point, split, eval}`` (:func:`submission_specs`, :func:`submission_command`).
 """
+import shlex
+
 from ..records.forkserver import PYTHON_M
 from .plan import model_arg_options, training_command
 
@@ -61,12 +70,61 @@ def point_specs(section, training):
             raise ValueError(f"iabn_table2_segmentation.bottom.{name}: the name of a top point")
         specs[name] = {**defaults, **overrides, "config": "bottom", "capacity": None}
     for name, spec in specs.items():
+        _check_init(name, spec, specs)
         if spec["body"] not in pretrained:
             raise ValueError(f"iabn_table2_segmentation: point {name} has body "
                              f"{spec['body']!r}, which has no pretrained entry")
         spec["pretrained"] = pretrained[spec["body"]]
         spec["model_args"] = _body_args(spec["body"], pretrained, training)
     return specs
+
+
+def _check_init(name, spec, specs):
+    """Raise ``ValueError`` unless a point's ``init`` (if any) is another point of the same body
+    and normalisation that starts from ImageNet (one link: the chain stays visible)."""
+    init = spec.get("init")
+    if init is None:
+        return
+    source = specs.get(init)
+    if source is None or init == name:
+        raise ValueError(f"iabn_table2_segmentation point {name}: init {init!r} is not another "
+                         f"point (points: {sorted(specs)})")
+    if source.get("init") is not None:
+        raise ValueError(f"iabn_table2_segmentation point {name}: init {init!r} itself starts "
+                         "from another point; start from a point trained from ImageNet")
+    for key in ("body", "norm", "output_stride"):
+        if source[key] != spec[key]:
+            raise ValueError(f"iabn_table2_segmentation point {name}: {key} {spec[key]!r} but "
+                             f"its init point {init} has {source[key]!r}")
+
+
+def submission_specs(section, specs):
+    """``{name: {point, split, eval}}`` of the section's ``submissions`` (none without it);
+    ``ValueError`` unless each names a point and one of that point's evaluations (the split
+    is checked by the command, which knows the data sets)."""
+    submissions = section.get("submissions") or {}
+    for name, sub in submissions.items():
+        spec = specs.get(sub["point"])
+        if spec is None:
+            raise ValueError(f"iabn_table2_segmentation.submissions.{name}: point "
+                             f"{sub['point']!r} is not a point (points: {sorted(specs)})")
+        if sub["eval"] not in spec["evals"]:
+            raise ValueError(f"iabn_table2_segmentation.submissions.{name}: point "
+                             f"{sub['point']} has no evaluation {sub['eval']!r} (its "
+                             f"evaluations: {sorted(spec['evals'])})")
+    return dict(submissions)
+
+
+def submission_command(submission, spec, data_root, point_json, weights, predictions, out,
+                       python_m=PYTHON_M):
+    """The shell command that writes one submission folder (:mod:`.seg_predict`) with the
+    point's device, dtype, threads and workers."""
+    words = [*python_m, "experiments.train.seg_predict", "--point", point_json, "--weights",
+             weights, "--data", data_root, "--split", submission["split"], "--eval",
+             submission["eval"], "--predictions", predictions, "--out", out, "--device",
+             spec["device"], "--dtype", spec["dtype"], "--threads", spec["threads"],
+             "--workers", spec["workers"]]
+    return shlex.join(str(w) for w in words)
 
 
 def _check_chain(name, spec, capacity):
@@ -104,11 +162,13 @@ def _value(value):
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def arguments(spec, data_root, pretrained_weights, capacity_json):
-    """The options of one point (:mod:`experiments.train.seg_point`)."""
+def arguments(spec, data_root, start_weights, capacity_json):
+    """The options of one point (:mod:`experiments.train.seg_point`); ``start_weights`` are the
+    ImageNet weights (``--pretrained``), or the ``init`` point's weights (``--init``)."""
+    start = "--init" if spec.get("init") else "--pretrained"
     args = ["--dataset", spec["dataset"], "--data", data_root, "--body", spec["body"],
             "--norm", spec["norm"], "--output-stride", spec["output_stride"],
-            "--pretrained", pretrained_weights, "--epochs", spec["epochs"], "--lr", spec["lr"],
+            start, start_weights, "--epochs", spec["epochs"], "--lr", spec["lr"],
             "--poly-power", spec["poly_power"], "--momentum", spec["momentum"],
             "--weight-decay", spec["weight_decay"], "--bootstrap-p", spec["bootstrap_p"],
             "--bootstrap-m", spec["bootstrap_m"], "--scale", *spec["scale"],
@@ -123,6 +183,8 @@ def arguments(spec, data_root, pretrained_weights, capacity_json):
         args.append("--class-uniform")
     if spec["coarse"]:
         args.append("--coarse")
+    if spec.get("train_val"):
+        args.append("--train-val")
     for name, ev in spec["evals"].items():
         scales = ",".join(_value(s) for s in ev["scales"])
         args += ["--eval", f"{name}={scales}:{'flip' if ev['flip'] else 'noflip'}"]
@@ -132,14 +194,14 @@ def arguments(spec, data_root, pretrained_weights, capacity_json):
     return [str(a) for a in args]
 
 
-def command(experiment, spec, data_root, pretrained_weights, capacity_json, outputs,
+def command(experiment, spec, data_root, start_weights, capacity_json, outputs,
             python_m=PYTHON_M):
     """The shell command that trains one point on ``spec["devices"]`` ranks
     (:func:`.plan.training_command`; ``python_m`` as there)."""
     return training_command(experiment, spec["devices"], spec["device"],
-                            arguments(spec, data_root, pretrained_weights, capacity_json),
+                            arguments(spec, data_root, start_weights, capacity_json),
                             outputs, python_m)
 
 
 __all__ = ["ARCHITECTURE_ARGS", "CONFIGS", "arguments", "check_capacity", "command",
-           "point_specs"]
+           "point_specs", "submission_command", "submission_specs"]
