@@ -17,6 +17,7 @@ other experiments "not implemented"), and the file of experiments/rules/ that ho
     iabn_table1_timing        InPlace-ABN Table 1 right: BN+ACT+CONV time and memory
     iabn_table2_capacity      InPlace-ABN Table 2 brackets: crops / crop size in a budget
     iabn_table2_segmentation  InPlace-ABN Table 2: DeepLabV3 mIoU                     segmentation
+    whole_step                beyond the papers: a whole training step, STD-BN vs InPlace-ABN
 
 (`<file>.smk`; the others: `<id>.smk`). training.smk also generates the smoke profile's data
 sets; bench_kernels.smk holds the kernel benchmark, report.smk the aggregation, the notebooks'
@@ -172,6 +173,7 @@ include: "experiments/rules/iabn_table1_timing.smk"
 include: "experiments/rules/densenet_fig4_memory.smk"
 include: "experiments/rules/densenet_fig5_time.smk"
 include: "experiments/rules/iabn_table2_capacity.smk"
+include: "experiments/rules/whole_step.smk"
 include: "experiments/rules/training.smk"
 include: "experiments/rules/segmentation.smk"
 include: "experiments/rules/gpu_selfcheck.smk"

@@ -32,6 +32,11 @@ TINY_POINTS = {
        for impl in ("naive", "shared")},
     "densenet_fig5_time": {
         "d10": ["--depth", "10", "--growth-rate", "4", "--batch", "2", "--size", "8"]},
+    # A network without and one with implementations (DenseNet's shared, shared_inplace).
+    "whole_step": {
+        network: ["--network", network, "--width", "0.03125", "--batch", "2", "--size", "32",
+                  "--classes", "3", "--variants", "II"]
+        for network in ("resnext101", "densenet264")},
     # fit (the CPU's method) at 1/32 width on 32x32 crops within 8 MiB: 7-10 crops.
     "iabn_table2_capacity": {
         f"resnext101_{norm}_{mode}": ["--body", "resnext101", "--norm", norm, "--mode", mode,
