@@ -20,8 +20,11 @@ under ``torchrun --nproc-per-node N`` for N devices (every option:
   each data set its own classes and FIXED CROP crop), single scale evaluation without flipping;
 - Table 2 bottom: WideResNet-38 + InPlace-ABN sync with the profile's tuned crops, on Cityscapes
   with and without CLASS-UNIFORM SAMPLING (single scale, and the test rows' 5 scales +
-  flipping on the validation set), and on Mapillary Vistas with CLASS-UNIFORM SAMPLING. The
-  paper's test-set rows need the benchmark servers and are not run.
+  flipping on the validation set), and on Mapillary Vistas with CLASS-UNIFORM SAMPLING; the
+  test-set rows' own models (Vistas on training + validation; Cityscapes started from it and
+  trained on fine + coarse labels), whose test-set predictions
+  :mod:`experiments.train.seg_predict` writes in the benchmarks' formats (the scores are the
+  servers').
 
 :func:`table2` arranges an aggregated CSV as the paper's table: each row's crops x crop size,
 the pixels per minibatch relative to the body's STD-BN row (the bracket) and the mIoU.

@@ -13,7 +13,12 @@ v - 92`` (train ids 0..90, named :data:`CLASSES`, COCO-Stuff's ``labels.txt`` na
 92..182), and 0 and 183 -> void (255). Any other value (:data:`LABEL_IDS` are the values a
 stuff pixel map holds) is not this release's: a thing id 1..91 (a stuff+things map of the
 full COCO-Stuff release, or a wrong file) or a train-id map with its 255 raises, naming the file
-and the values, rather than turning into void. The maps may be single-channel (``"L"``) or palette (``"P"``, as
+and the values, rather than turning into void.
+
+Scoring follows from it: the mIoU is over the 91 stuff classes with 'other' void, as the paper
+describes the data. cocostuffapi's ``COCOStuffeval`` (the 2017 challenge's) also scores 'other'
+as a 92nd class, which a 91-way network never predicts, and averages over the classes with
+ground truth (on the 5k validation images all 91 have some, so that average is the same). The maps may be single-channel (``"L"``) or palette (``"P"``, as
 cocostuffapi's ``cocoSegmentationToPng`` writes them) PNGs; both are read as their values.
 
 Samples are the pixel maps of the split, each paired with the image of the same id: the
