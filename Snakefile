@@ -31,10 +31,14 @@ files never collide with another run's (layout: experiments/records/paths.py).
 An experiment is one module `experiments/<id>.py` (one measured point per call) and a file
 experiments/rules/<id>.smk: its rule `<id>_point` and its entry in EXPERIMENTS (its points and
 the notebooks that plot it), included below. Aggregation, rendering, the per-experiment
-target rule `<id>` and the claims report are generic. Every rule names the code it runs as inputs (`code(...)`), so editing a module marks
-the outputs of exactly the rules that run it out of date; the target rules name every point,
-so a deleted point is measured again.
+target rule `<id>`, the claims report and the run record are generic. Every rule names the
+code it runs as inputs (`code(...)`), so editing a module marks the outputs of exactly the
+rules that run it out of date; the target rules name every point, so a deleted point is
+measured again. Every job writes a benchmark file (artifacts/benchmarks/<rule>/<run>/), which
+the run record sums per rule; `snakemake --report report.html` shows every figure and table,
+the claims and the run record (experiments/rules/report.smk).
 """
+import os
 from pathlib import Path
 
 import yaml
@@ -44,7 +48,7 @@ from experiments.records import forkserver, paths, sources
 
 CONFIG_DIR = Path(workflow.basedir) / "experiments" / "config"
 FIGURES = Path(workflow.basedir) / "figures"
-RENDERED_SUFFIXES = ("png", "pdf", "md", "tex")
+RENDERED_SUFFIXES = ("png", "pdf", "md", "tex", "html")
 
 
 def merged(base, override):
@@ -181,12 +185,13 @@ include: "experiments/rules/gpu_selfcheck.smk"
 
 # Light jobs that read artifacts/ only: on a cluster they run where snakemake runs, not as
 # cluster jobs (the measuring and training rules take cluster_resources).
-localrules: all, aggregate, render, claims
+localrules: all, aggregate, render, claims, run_record
 
 #: What the fork server imports once: every module a job of this workflow runs.
 FORKSERVER_PRELOAD = ["experiments.train.launch", "experiments.train.data.generate",
                       "experiments.report.aggregate", "experiments.report.render",
-                      "experiments.report.claims", "experiments.bench_kernels",
+                      "experiments.report.claims", "experiments.report.html_page",
+                      "experiments.records.run_record", "experiments.bench_kernels",
                       *(f"experiments.{experiment}" for experiment in EXPERIMENTS)]
 
 
@@ -196,14 +201,24 @@ onstart:
         forkserver.start(FORKSERVER_PRELOAD, paths.job_log("forkserver", RUN, "server"))
 
 
+#: What `all` builds before the run record (whose inputs they are).
+ALL_TARGETS = [
+    paths.bench_kernels_json(RUN),
+    *(t for nb in NOTEBOOK_ARTIFACTS for t in notebook_targets(nb)),
+    *(t for e in EXPERIMENTS for t in experiment_targets(e)),
+    "figures/claims.md",
+]
+#: This snakemake process: the run record reads the run's wall and CPU time from it.
+SNAKEMAKE_PID = os.getpid()
+
+
 rule all:
-    """Every experiment, its figures and tables, the kernel benchmark and the claims report."""
+    """Every experiment, its figures and tables, the kernel benchmark, the claims report and
+    the run record."""
     default_target: True
     input:
-        paths.bench_kernels_json(RUN),
-        [t for nb in NOTEBOOK_ARTIFACTS for t in notebook_targets(nb)],
-        [t for e in EXPERIMENTS for t in experiment_targets(e)],
-        "figures/claims.md",
+        ALL_TARGETS,
+        paths.run_record(RUN, "json"),
 
 
 for _experiment in EXPERIMENTS:

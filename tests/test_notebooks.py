@@ -152,7 +152,8 @@ def test_notebook_renders_figure_and_table(artifact_set, tmp_path, notebook):
                           "--artifacts", str(artifact_set), "--out", str(out)])
     assert status == 0
     written = sorted(p.name for p in out.iterdir())
-    assert written == sorted(f"{notebook}.{s}" for s in ("md", "pdf", "png", "tex"))
+    assert written == sorted(f"{notebook}.{s}" for s in ("html", "md", "pdf", "png", "tex"))
+    assert "<table>" in (out / f"{notebook}.html").read_text()
     assert (out / f"{notebook}.png").read_bytes().startswith(b"\x89PNG")
     assert (out / f"{notebook}.pdf").read_bytes().startswith(b"%PDF")
     markdown = (out / f"{notebook}.md").read_text()

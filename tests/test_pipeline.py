@@ -8,16 +8,13 @@ it), so the repository's own artifacts and code are never touched.
 """
 import re
 import shlex
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from experiments.records import sources
-from snakemake_run import snakemake
+from experiments.records import run_record, sources
+from snakemake_run import copy_checkout, snakemake, snakemake_in, touch_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = ("smoke", "paper")
@@ -205,7 +202,11 @@ def test_run_writes_points_and_csv_and_resumes_where_it_stopped(workdir):
     assert len(csv) == 1 + 2 * 4  # header + 2 points x (2 layouts x 2 passes)
     for point in ("c4", "c8"):
         assert (workdir / f"artifacts/logs/densenet_fig2_contiguous/smoke-cpu/{point}.log").exists()
-        assert (workdir / f"artifacts/benchmarks/densenet_fig2_contiguous/smoke-cpu/{point}.tsv").exists()
+    # Every job's benchmark file, as Snakemake wrote it, read by the run record per rule.
+    times = run_record.rule_times(workdir / "artifacts" / "benchmarks", "smoke-cpu")
+    assert {rule: t["jobs"] for rule, t in times.items()} == {
+        "densenet_fig2_contiguous_point": 2, "aggregate": 1}
+    assert all(t["wall_s"] > 0 for t in times.values())
 
     # As a run interrupted while measuring c8 leaves it (atomic writes: no c8.json, no CSV),
     # the next run measures c8 alone and aggregates.
@@ -247,34 +248,9 @@ def checkout(tmp_path_factory):
     """A copy of the code (Snakefile, experiments/, layers/, the notebooks, artifacts/paper)
     whose targets ``RERUN_TARGETS`` are built, as fake empty files that Snakemake marked up to
     date (``--touch``, which also records their inputs' checksums). Tests leave it so."""
-    root = tmp_path_factory.mktemp("checkout")
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("experiments", "layers"):
-        shutil.copytree(ROOT / name, root / name, ignore=ignore)
-    shutil.copy2(ROOT / "Snakefile", root / "Snakefile")
-    (root / "figures").mkdir()
-    for notebook in (ROOT / "figures").glob("*.ipynb"):
-        shutil.copy2(notebook, root / "figures")
-    shutil.copytree(ROOT / "artifacts" / "paper", root / "artifacts" / "paper")
-    plan = snakemake_in(root, "-n", *RERUN_TARGETS)
-    assert plan.returncode == 0, plan.stderr
-    # A flagged output is listed with its flag: "artifacts/<id>.<run>.csv (update)".
-    outputs = [f.removesuffix(" (update)")
-               for line in re.findall(r"^\s+output: (.+)$", plan.stdout, re.M)
-               for f in line.split(", ")]
-    assert outputs
-    for output in outputs:
-        (root / output).parent.mkdir(parents=True, exist_ok=True)
-        (root / output).touch()
-    touch(root, "--forceall")
+    root = copy_checkout(tmp_path_factory.mktemp("checkout"))
+    touch_outputs(root, *RERUN_TARGETS)
     return root
-
-
-def snakemake_in(checkout, *args):
-    """Snakemake on the Snakefile of ``checkout``, in it."""
-    return subprocess.run(
-        [sys.executable, "-m", "snakemake", "-s", str(checkout / "Snakefile"), "-d",
-         str(checkout), "--nolock", *args], capture_output=True, text=True, timeout=300)
 
 
 def touch(checkout, *args):

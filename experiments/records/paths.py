@@ -8,11 +8,13 @@ aggregation, the notebooks and the claims report (so a path is spelled in one pl
     artifacts/data/<dataset>/                   the data sets the smoke profile generates
     artifacts/<experiment>.<run>.csv            every point of one run, one row per measurement
     artifacts/bench_kernels/<run>.json          the kernel micro-benchmark of one run
-    artifacts/logs/<experiment>/<run>/<point>.log, artifacts/benchmarks/...   per-job log, host time
+    artifacts/logs/<experiment>/<run>/<point>.log   per-job log
+    artifacts/benchmarks/<rule>/<run>/<job>.tsv  per-job host time (Snakemake's benchmark:)
+    artifacts/run_record/<run>.{json,md,html}   the run's machine, versions and times per rule
     artifacts/paper/                            the papers' own numbers, transcribed
     figures/<notebook>.ipynb                    one notebook per figure/table
-    figures/<run>/<notebook>.{png,pdf,md,tex}   what a notebook renders for one run
-    figures/claims.md                           the papers' claims beside every run's numbers
+    figures/<run>/<notebook>.{png,pdf,md,tex,html}  what a notebook renders for one run
+    figures/claims.{md,html}                    the papers' claims beside every run's numbers
 
 A *run* is ``<profile>-<device>`` (``smoke-cpu``, ``paper-cuda``), so runs of different profiles
 or devices never write the same file. Notebooks find their inputs through the environment
@@ -79,9 +81,16 @@ def job_log(experiment, run, point, root="artifacts"):
     return f"{root}/logs/{experiment}/{run}/{point}.log"
 
 
-def job_benchmark(experiment, run, point, root="artifacts"):
-    """``<root>/benchmarks/<experiment>/<run>/<point>.tsv``: Snakemake's host time/memory."""
-    return f"{root}/benchmarks/{experiment}/{run}/{point}.tsv"
+def job_benchmark(rule, run, job, root="artifacts"):
+    """``<root>/benchmarks/<rule>/<run>/<job>.tsv``: Snakemake's host time/memory of one job
+    of ``rule`` (the folder names the rule: the run record sums the times per rule)."""
+    return f"{root}/benchmarks/{rule}/{run}/{job}.tsv"
+
+
+def run_record(run, suffix, root="artifacts"):
+    """``<root>/run_record/<run>.<suffix>``: the record of a pipeline run (json, md, html;
+    experiments/records/run_record.py)."""
+    return f"{root}/run_record/{run}.{suffix}"
 
 
 def bench_kernels_json(run, root="artifacts"):
@@ -138,6 +147,6 @@ def figures_dir(run):
 
 
 __all__ = ["REPO_ROOT", "run_name", "point_json", "epochs_csv", "weights", "work_dir",
-           "aggregate_csv", "job_log", "job_benchmark",
+           "aggregate_csv", "job_log", "job_benchmark", "run_record",
            "bench_kernels_json", "rendered", "runs_of", "checkout_root", "artifacts_dir",
            "current_run", "figures_dir"]

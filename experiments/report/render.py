@@ -5,7 +5,8 @@ Run as ``python -m experiments.report.render figures/NAME.ipynb --run RUN [--art
 notebook's directory (as Jupyter would), with ``ARTIFACTS_DIR``, ``ARTIFACTS_RUN`` and
 ``FIGURES_DIR`` set (see :mod:`experiments.records.paths`); it writes its own figure and table files
 atomically through :mod:`experiments.report.figure_io`. The notebook file is not modified. A failing
-cell exits with status 1 and prints the cell's error.
+cell exits with status 1 and prints the cell's error. The table's Markdown is then also written as
+an HTML page (:mod:`experiments.report.html_page`): ``snakemake --report`` shows it.
 """
 import argparse
 import os
@@ -17,6 +18,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 from ..records import paths
+from .html_page import write_html
 
 
 def render(notebook, run, artifacts, out, timeout=600):
@@ -30,6 +32,8 @@ def render(notebook, run, artifacts, out, timeout=600):
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(notebook.parent)}})
     client.execute(env={**os.environ, **env})  # the kernel's environment
+    table = Path(out) / f"{notebook.stem}.md"
+    write_html(table, table.with_suffix(".html"), title=notebook.stem)
     return nb
 
 

@@ -14,6 +14,8 @@ rule bench_kernels:
         paths.bench_kernels_json(RUN),
     log:
         paths.job_log("bench_kernels", RUN, "bench_kernels"),
+    benchmark:
+        paths.job_benchmark("bench_kernels", RUN, "bench_kernels")
     threads: config["bench_kernels"]["threads"]
     resources:
         **cluster_resources(config["bench_kernels"]),

@@ -21,7 +21,7 @@ rule densenet_fig2_contiguous_point:
     log:
         paths.job_log("densenet_fig2_contiguous", RUN, "c{in_channels}"),
     benchmark:
-        paths.job_benchmark("densenet_fig2_contiguous", RUN, "c{in_channels}")
+        paths.job_benchmark("densenet_fig2_contiguous_point", RUN, "c{in_channels}")
     wildcard_constraints:
         in_channels=r"\d+",
     threads: FIG2["threads"]

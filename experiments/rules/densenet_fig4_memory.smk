@@ -24,7 +24,7 @@ rule densenet_fig4_memory_point:
     log:
         paths.job_log("densenet_fig4_memory", RUN, "{impl}_d{depth}"),
     benchmark:
-        paths.job_benchmark("densenet_fig4_memory", RUN, "{impl}_d{depth}")
+        paths.job_benchmark("densenet_fig4_memory_point", RUN, "{impl}_d{depth}")
     wildcard_constraints:
         impl="|".join(FIG4["impls"]),
         depth=r"\d+",
@@ -56,7 +56,7 @@ rule densenet_fig4_memory_simulated_point:
     log:
         paths.job_log("densenet_fig4_memory", RUN, "simulated_{impl}"),
     benchmark:
-        paths.job_benchmark("densenet_fig4_memory", RUN, "simulated_{impl}")
+        paths.job_benchmark("densenet_fig4_memory_simulated_point", RUN, "simulated_{impl}")
     wildcard_constraints:
         impl="|".join(FIG4_SIMULATED["impls"]),
     threads: 1

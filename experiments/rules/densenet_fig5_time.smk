@@ -22,7 +22,7 @@ rule densenet_fig5_time_point:
     log:
         paths.job_log("densenet_fig5_time", RUN, "d{depth}"),
     benchmark:
-        paths.job_benchmark("densenet_fig5_time", RUN, "d{depth}")
+        paths.job_benchmark("densenet_fig5_time_point", RUN, "d{depth}")
     wildcard_constraints:
         depth=r"\d+",
     threads: FIG5["threads"]

@@ -21,7 +21,7 @@ rule iabn_table1_timing_point:
     log:
         paths.job_log("iabn_table1_timing", RUN, "{module}"),
     benchmark:
-        paths.job_benchmark("iabn_table1_timing", RUN, "{module}")
+        paths.job_benchmark("iabn_table1_timing_point", RUN, "{module}")
     wildcard_constraints:
         module="conv[1-4]",
     threads: TABLE1["threads"]

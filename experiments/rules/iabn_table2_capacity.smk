@@ -56,7 +56,7 @@ rule iabn_table2_capacity_point:
     log:
         paths.job_log("iabn_table2_capacity", RUN, "{dataset}_{body}_{norm}_{mode}"),
     benchmark:
-        paths.job_benchmark("iabn_table2_capacity", RUN, "{dataset}_{body}_{norm}_{mode}")
+        paths.job_benchmark("iabn_table2_capacity_point", RUN, "{dataset}_{body}_{norm}_{mode}")
     wildcard_constraints:
         dataset="|".join(TABLE2["datasets"]),
         body="|".join(TABLE2["bodies"]),
@@ -93,7 +93,7 @@ rule iabn_table2_capacity_simulated_point:
     log:
         paths.job_log("iabn_table2_capacity", RUN, "simulated_{dataset}_{body}_{norm}_{mode}"),
     benchmark:
-        paths.job_benchmark("iabn_table2_capacity", RUN,
+        paths.job_benchmark("iabn_table2_capacity_simulated_point", RUN,
                             "simulated_{dataset}_{body}_{norm}_{mode}")
     wildcard_constraints:
         dataset="|".join(TABLE2_SIMULATED["datasets"]),

@@ -67,7 +67,7 @@ rule iabn_table2_segmentation_point:
     log:
         paths.job_log("iabn_table2_segmentation", RUN, "{point}"),
     benchmark:
-        paths.job_benchmark("iabn_table2_segmentation", RUN, "{point}")
+        paths.job_benchmark("iabn_table2_segmentation_point", RUN, "{point}")
     wildcard_constraints:
         point="|".join(SEGMENTATION),
     threads:

@@ -46,6 +46,8 @@ for _name, _spec in DATASETS.items():
             plan.generated_stamp(_spec["root"]),
         log:
             f"artifacts/logs/data/{_name}.log",
+        benchmark:
+            paths.job_benchmark(f"generate_{_name}", RUN, _name)
         params:
             command=plan.generate_command(_name, _spec["generate"], _spec["root"],
                                           PYTHON_M_WORDS),
@@ -88,7 +90,7 @@ for _experiment, _points in TRAINING.items():
         log:
             paths.job_log(_experiment, RUN, "{point}"),
         benchmark:
-            paths.job_benchmark(_experiment, RUN, "{point}")
+            paths.job_benchmark(f"{_experiment}_point", RUN, "{point}")
         wildcard_constraints:
             point="|".join(_points),
         threads:
@@ -117,7 +119,7 @@ rule iabn_table1_imagenet_parity:
     log:
         paths.job_log("iabn_table1_imagenet", RUN, "parity_{model}"),
     benchmark:
-        paths.job_benchmark("iabn_table1_imagenet", RUN, "parity_{model}")
+        paths.job_benchmark("iabn_table1_imagenet_parity", RUN, "parity_{model}")
     wildcard_constraints:
         model="|".join(PARITY["models"]),
     threads: PARITY["threads"]
