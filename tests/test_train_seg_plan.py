@@ -94,3 +94,32 @@ def test_a_submission_of_no_point_or_evaluation_is_refused(submission, message):
     section["submissions"]["bad"] = submission
     with pytest.raises(ValueError, match=message):
         seg_plan.submission_specs(section, _specs(profile))
+
+
+def test_the_submissions_target_plans_the_chain_and_the_predictions(workdir):
+    """``snakemake -n iabn_table2_submissions --config profile=paper``: the Vistas test model
+    (from ImageNet), the Cityscapes test model from its weights, and one prediction job per
+    submission reading its point's artifact and weights."""
+    from snakemake_run import snakemake
+
+    result = snakemake(workdir, "-n", "-p", "iabn_table2_submissions", "--config",
+                       "profile=paper")
+    assert result.returncode == 0, result.stderr
+    commands = [shlex.split(line.split(" > ")[0])
+                for line in result.stdout.splitlines() if line.startswith("Shell command: ")]
+    by_out = {Path(words[words.index("--out") + 1]).name: words for words in commands
+              if "--out" in words}
+    segmentation = "artifacts/iabn_table2_segmentation/paper-cuda/"
+    cityscapes = by_out["cityscapes_test_model.json"]
+    assert cityscapes[cityscapes.index("--init") + 1] == (
+        segmentation + "vistas_test_model.weights.pt")
+    assert "--train-val" in by_out["vistas_test_model.json"]
+    for name, point, split in (("cityscapes_test", "cityscapes_test_model", "test"),
+                               ("vistas_test", "vistas_test_model", "testing")):
+        words = by_out[f"{name}.json"]
+        assert "experiments.train.seg_predict" in words
+        assert words[words.index("--point") + 1] == f"{segmentation}{point}.json"
+        assert words[words.index("--split") + 1] == split
+        assert words[words.index("--predictions") + 1] == (
+            f"artifacts/submissions/paper-cuda/{name}")
+    assert "wideresnet38_iabn_256.json" in by_out  # the ImageNet point both start from
