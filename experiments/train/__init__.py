@@ -13,4 +13,7 @@ InPlace-ABN Table 1 left; segmentation builds on it).
 - :mod:`.models`: the networks the experiments train, by name; :mod:`.point`: the command line
   of one training point (a model, a data set, a recipe) and its artifacts; :mod:`.parity`:
   STD-BN vs InPlace-ABN trained side by side in float64.
+- :mod:`.seg_point`, :mod:`.seg_plan`, :mod:`.segmentation`: InPlace-ABN Table 2's
+  segmentation points, their plan, loss, metrics and inference; :mod:`.seg_predict`: a trained
+  point's predictions written for the benchmark servers (:mod:`.segmentation.submission`).
 """

@@ -10,6 +10,8 @@ networks train with, the metrics they are scored by, and test-time inference.
 - :mod:`.inference`: :func:`predict_logits` (single/multi-scale, flip, sliding window;
   softmax probabilities averaged as in DeepLab) and :func:`evaluate_segmentation` over a loader,
   reduced over the ranks.
+- :mod:`.submission`: predictions written in the benchmarks' formats (Cityscapes labelIds
+  PNGs, Vistas label-index PNGs, COCO-Stuff's RLE result JSON).
 """
 from .inference import evaluate_segmentation, predict_logits, window_starts
 from .loss import OnlineBootstrappedCrossEntropy
