@@ -77,8 +77,8 @@ def report(checkout):
 
 
 def report_variable(report, name):
-    """The JSON the report's ``<script id="NAME">var NAME = ...;</script>`` holds."""
-    match = re.search(rf'<script id="{name}">\s*var {name} = (.*?);\s*</script>',
+    """The JSON the report's ``<script ...>var NAME = ...;</script>`` holds."""
+    match = re.search(rf'<script id="[\w-]+">\s*var {name} = (.*?);\s*</script>',
                       report.read_text(encoding="utf-8"), re.S)
     assert match, f"no variable {name} in the report"
     return json.loads(match.group(1))
@@ -116,6 +116,12 @@ def test_every_figure_and_table_is_in_the_report_under_its_paper(report, checkou
             caption = results[path]["caption"]
             assert "smoke-cpu" in caption and f"figures/{notebook}.ipynb" in caption, caption
             assert "No caption" not in caption, caption
+
+
+def test_the_report_says_what_it_holds_and_the_profile_it_ran_at(report):
+    description = report_variable(report, "workflow_desc")
+    assert "In-Place Activated BatchNorm, reproduced" in description
+    assert re.search(r"profile\s+<tt[^>]*>smoke</tt>", description), description
 
 
 def test_the_claims_table_and_the_run_record_are_in_the_report(report):

@@ -10,6 +10,8 @@ kernel benchmark and the run record under REPORT_SUMMARY, each with its caption
 (experiments/rules/captions/, Jinja templates that name the profile of the run).
 """
 
+report: "captions/workflow.rst"
+
 #: The report's categories: a notebook's paper, named by the prefix of the notebook's name.
 REPORT_PAPERS = {"densenet_": "Memory-efficient DenseNets (Pleiss et al. 2017)",
                  "iabn_": "In-Place Activated BatchNorm (Rota Bulò et al. 2018)"}
