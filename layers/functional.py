@@ -56,7 +56,9 @@ check above) are skipped on tensors without values and are operations of the gra
 hold it); in-place layers run on a copy of their input where PyTorch would otherwise lose a
 gradient (:func:`_runs_on_a_copy`).
 """
+import collections
 import functools
+import inspect
 import math
 import threading
 import typing
@@ -124,14 +126,31 @@ def check_choice(name, value, allowed):
         raise ValueError(f"{name}={value!r} is not supported; allowed: {', '.join(allowed)}")
 
 
-def _check_input(x, weight, bias, running_mean, running_var, training, eps, momentum):
-    if not isinstance(x, torch.Tensor) or x.dtype not in DTYPES:
-        dtype = getattr(x, "dtype", type(x).__name__)
-        allowed = ", ".join(str(d).replace("torch.", "") for d in DTYPES)
-        raise TypeError(f"input must be a tensor of one of {allowed}, got {dtype}")
-    if x.dim() < 2:
-        raise ValueError(f"input must have shape (N, C, *), got {tuple(x.shape)}")
-    channels, device = x.shape[1], x.device
+def _check_input(x, weight, bias, running_mean, running_var, training, eps, momentum, group):
+    """:func:`check_arguments` of a call on the tensor ``x``."""
+    if not isinstance(x, torch.Tensor):
+        raise _dtype_error(type(x).__name__)
+    check_arguments(x.shape, x.dtype, x.device, weight, bias, running_mean, running_var,
+                    training, eps, momentum, group)
+
+
+def _dtype_error(got):
+    allowed = ", ".join(str(d).replace("torch.", "") for d in DTYPES)
+    return TypeError(f"input must be a tensor of one of {allowed}, got {got}")
+
+
+def check_arguments(shape, dtype, device, weight, bias, running_mean, running_var, training,
+                    eps, momentum, group=None):
+    """Refuse, before anything is written, the arguments of a BN + activation call on an
+    input of ``shape``, ``dtype`` and on ``device``: the per-channel tensors' shapes, devices
+    and dtypes, ``eps``, ``momentum``, and a training call with one value per channel (checked
+    here unless ``group`` synchronises: the global count is known once the ranks have combined
+    theirs). The shared-storage routes check the concatenation they never materialise."""
+    if dtype not in DTYPES:
+        raise _dtype_error(dtype)
+    if len(shape) < 2 or shape[1] < 1:
+        raise ValueError(f"input must have shape (N, C, *) with C >= 1, got {tuple(shape)}")
+    channels = shape[1]
     for name, t in (("weight", weight), ("bias", bias),
                     ("running_mean", running_mean), ("running_var", running_var)):
         if t is None:
@@ -139,7 +158,7 @@ def _check_input(x, weight, bias, running_mean, running_var, training, eps, mome
         if t.shape != (channels,):
             raise ValueError(
                 f"{name} has shape {tuple(t.shape)}, expected ({channels},) for an input "
-                f"with {channels} channels (input shape {tuple(x.shape)})"
+                f"with {channels} channels (input shape {tuple(shape)})"
             )
         if t.device != device:
             raise ValueError(f"{name} is on {t.device}, input on {device}")
@@ -153,6 +172,8 @@ def _check_input(x, weight, bias, running_mean, running_var, training, eps, mome
         raise ValueError(f"eps={eps} must be finite and > 0")
     if not 0.0 <= momentum <= 1.0:
         raise ValueError(f"momentum={momentum} must lie in [0, 1]")
+    if training and not distributed.active(group):
+        _check_count(math.prod(shape) // channels, shape)
 
 
 def _check_inplace_input(x, weight, eps, scale_mode):
@@ -478,9 +499,9 @@ def _is_in(x, layout):
 
 def _view(x, layout):
     """The canonical kernel view of ``x`` in ``layout``, copying only if ``x`` is not in it (a
-    3-D ``x`` in ``"ncs"`` is its own view). ``flatten`` makes the ``(N, C, S)`` view in about
-    60% of the time of ``view`` with the sizes spelled out (0.85 against 1.44 us, warm, on a
-    2x48x8x8 tensor, AMD Zen 5), which counts on small tensors: three per step."""
+    3-D ``x`` in ``"ncs"`` is its own view). ``flatten`` makes the ``(N, C, S)`` view faster
+    than ``view`` with the sizes spelled out, which counts on small tensors, three views a step
+    (the small shapes of ``python -m experiments.bench_kernels`` measure it)."""
     if layout == "ncs":
         x = x.contiguous()
         return x.flatten(2) if x.dim() > 2 else x.unsqueeze(2)
@@ -541,12 +562,12 @@ def scale_and_shift(weight, bias, channels, eps, scale_mode, like):
     return gamma, beta, dgamma_dweight
 
 
-def _check_count(count, view):
+def _check_count(count, shape):
     """Training needs more than one value per channel (the global count, when synchronised)."""
     if count <= 1:
         raise ValueError(
             f"expected more than 1 value per channel when training, got {count} "
-            f"(input shape {tuple(view.shape)} on this rank)"
+            f"(input shape {tuple(shape)} on this rank)"
         )
 
 
@@ -579,7 +600,8 @@ def normalize_activate_into(x, out, weight, bias, running_mean, running_var, tra
     tensor of ``[gamma, beta, dgamma_dweight, mean, rstd, count]`` rows, everything backward
     needs besides the activation-sized tensors. ``skip`` (backends with ``DEVICE_GUARD``
     only): a ``(1,)`` bool device flag; where it is set, neither ``out`` nor the running
-    statistics are written.
+    statistics are written. The caller has refused bad arguments (:func:`check_arguments`)
+    before anything was written; only a synchronised call's global count is checked here.
     """
     layout = _layout(x) or "ncs"  # any other layout runs on a contiguous copy
     view = _view(x, layout)
@@ -587,8 +609,6 @@ def normalize_activate_into(x, out, weight, bias, running_mean, running_var, tra
     channels = x.shape[1]
     count = view.numel() // channels
     if whole_steps(group, (weight, bias, running_mean, running_var)):
-        if training:
-            _check_count(count, view)
         step = (weight, bias, running_mean, running_var, training, momentum, eps, act, slope,
                 scale_mode == "abs")
         if out_view is view:
@@ -603,7 +623,6 @@ def normalize_activate_into(x, out, weight, bias, running_mean, running_var, tra
         rstd = per_channel.batch_rstd(running_var.double(), 1, eps)
         applied = False
     elif not distributed.active(group):  # statistics and output in one pass over the input
-        _check_count(count, view)
         if out_view is view:
             stats = ops.moments_normalize_act_(view, gamma, beta, eps, act, slope, skip)
         else:
@@ -617,7 +636,7 @@ def normalize_activate_into(x, out, weight, bias, running_mean, running_var, tra
         moments = (ops.moments(view) if count else
                    torch.zeros(2, channels, dtype=torch.float64, device=view.device))
         mean, m2, count = distributed.combine_moments(moments, count, group)
-        _check_count(count, view)  # the same global count on every rank: all raise together
+        _check_count(count, view.shape)  # the same global count on every rank: all raise
         rstd = _batch_statistics(mean, m2, count, running_mean, running_var, momentum, eps,
                                  skip)
         applied = False
@@ -780,6 +799,25 @@ def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True, poison
 
 
 # --------------------------------------------------------------------------- functions
+@functools.cache
+def _needs_type(forward):
+    """The named tuple of :func:`needs_input_grad` for ``forward``, the number of its fixed
+    arguments and whether it ends with a variadic one."""
+    arguments = list(inspect.signature(forward).parameters.values())[1:]  # after ctx
+    fixed = [a.name for a in arguments if a.kind is not inspect.Parameter.VAR_POSITIONAL]
+    variadic = [a.name for a in arguments if a.kind is inspect.Parameter.VAR_POSITIONAL]
+    return collections.namedtuple("NeedsInputGrad", fixed + variadic), len(fixed), bool(variadic)
+
+
+def needs_input_grad(ctx, forward):
+    """``ctx.needs_input_grad`` of an autograd function whose forward is ``forward``, as a
+    named tuple with its arguments' names (a variadic one, ``*features``, holds the tuple of
+    its flags): read by name, a backward stays right when an argument is added or moved."""
+    cls, fixed, variadic = _needs_type(forward)
+    flags = ctx.needs_input_grad
+    return cls(*flags[:fixed], flags[fixed:]) if variadic else cls._make(flags)
+
+
 def once_differentiable(backward):
     """``torch.autograd.function.once_differentiable`` for a ``backward``, entering its
     ``no_grad`` context only where grad mode is on (a backward of ``create_graph=True``,
@@ -813,7 +851,8 @@ class _ABN(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dz):
         x, z, channel = ctx.saved_tensors
-        grads = normalize_activate_backward(z, dz, x, channel, ctx.spec, ctx.needs_input_grad[0])
+        grads = normalize_activate_backward(z, dz, x, channel, ctx.spec,
+                                            needs_input_grad(ctx, _ABN.forward).x)
         return grads + (None,) * 9
 
 
@@ -841,7 +880,7 @@ class _InPlaceABN(torch.autograd.Function):
             poison = ctx.check.flag  # not known on the host yet: read after this backward
             _settle_after_backward(ctx.check)
         grads = normalize_activate_backward(z, dz, None, channel, ctx.spec,
-                                            ctx.needs_input_grad[0], poison)
+                                            needs_input_grad(ctx, _InPlaceABN.forward).x, poison)
         return grads + (None,) * 11
 
 
@@ -863,7 +902,7 @@ def abn(input, weight=None, bias=None, running_mean=None, running_var=None, trai
     """
     act, slope = check_activation(activation, activation_param, inplace=False)
     check_choice("scale_mode", scale_mode, SCALE_MODES)
-    _check_input(input, weight, bias, running_mean, running_var, training, eps, momentum)
+    _check_input(input, weight, bias, running_mean, running_var, training, eps, momentum, group)
     if on_accept is not None:
         on_accept(None)
     return _ABN.apply(input, weight, bias, running_mean, running_var, training, momentum, eps,
@@ -887,7 +926,7 @@ def inplace_abn(input, weight=None, bias=None, running_mean=None, running_var=No
     act, slope = check_activation(activation, activation_param, inplace=True)
     check_choice("variant", variant, VARIANTS)
     check_choice("scale_mode", scale_mode, SCALE_MODES)
-    _check_input(input, weight, bias, running_mean, running_var, training, eps, momentum)
+    _check_input(input, weight, bias, running_mean, running_var, training, eps, momentum, group)
     check, accepted = _check_inplace_input(input, weight, eps, scale_mode)
     if on_accept is not None:
         on_accept(accepted)

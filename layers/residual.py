@@ -86,9 +86,11 @@ class BatchNormAct2d(NormBase):
     def forward(self, input):
         if input.dim() != 4:
             raise ValueError(f"expected a 4-D (N, C, H, W) input, got shape {tuple(input.shape)}")
-        training, running_mean, running_var, momentum = batch_norm_arguments(self)
+        # the batch counted once F.batch_norm has accepted it, so a refusal counts nothing
+        training, running_mean, running_var, momentum = batch_norm_arguments(self, count=False)
         y = F.batch_norm(input, running_mean, running_var, self.weight, self.bias, training,
                          momentum, self.eps)
+        count_batch(self)
         return _activate_(y, self.activation, self.activation_param)
 
     def extra_repr(self):

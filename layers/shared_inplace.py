@@ -43,11 +43,11 @@ import torch
 import torch.nn.functional as F
 
 from .functional import (BackwardSpec, apply_coefficients, check_activation,
-                         check_scale_where_readable, normalize_activate_backward,
-                         normalize_activate_into, once_differentiable, reapply_into,
-                         scale_and_shift)
+                         check_scale_where_readable, needs_input_grad,
+                         normalize_activate_backward, normalize_activate_into,
+                         once_differentiable, reapply_into, scale_and_shift)
 from .kernels import common
-from .shared_storage import conv_dtype, conv_grads, norm_spec
+from .shared_storage import check_conv, conv_dtype, conv_grads, norm_spec
 
 #: Rows of the full per-channel state (:func:`layers.functional.normalize_activate_into`)
 #: that a call saves: ``[mean, rstd, count]``; ``[gamma, beta, dgamma_dweight]`` are rebuilt.
@@ -176,9 +176,9 @@ class _ChunkedNormActHead(torch.autograd.Function):
     def backward(ctx, grad_out):
         head_weight, norm_weight, norm_bias, state, *features = ctx.saved_tensors
         spec, head = ctx.spec, ctx.head
-        needs = ctx.needs_input_grad
-        feature_grad = any(needs[9:])
-        norm_grad = spec is not None and (needs[5] or needs[6])
+        needs = needs_input_grad(ctx, _ChunkedNormActHead.forward)
+        feature_grad = any(needs.features)
+        norm_grad = spec is not None and (needs.norm_weight or needs.norm_bias)
         if spec is not None:
             backward_spec = BackwardSpec.of(common.MODE_Y, spec.act, spec.slope, spec.training,
                                             spec.group, norm_weight, norm_bias)
@@ -196,7 +196,7 @@ class _ChunkedNormActHead(torch.autograd.Function):
                 channel = layer_state[:, lo:hi].contiguous()
                 reapply_into(y, y, (a[lo:hi], b[lo:hi]), spec.act, spec.slope)
             dy, dhead = head.backward(grad_out, y, head_weight, lo, hi, ctx.head_dtype,
-                                      feature_grad or norm_grad, needs[4])
+                                      feature_grad or norm_grad, needs.head_weight)
             head_grads.append(dhead)
             dx = dy
             if spec is not None and dy is not None:
@@ -208,13 +208,12 @@ class _ChunkedNormActHead(torch.autograd.Function):
                 bias_grads.append(dbias)
             if feature_grad:
                 _distribute(dx, chunk, pieces)
-        dfeatures = [None if not needs[9 + i] else
-                     parts[0] if len(parts) == 1 else torch.cat(parts, 1)
-                     for i, parts in enumerate(pieces)]
+        dfeatures = [None if not need else parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+                     for need, parts in zip(needs.features, pieces)]
         return (None, None, None, None,
-                torch.cat(head_grads, 1) if needs[4] else None,
-                torch.cat(weight_grads) if needs[5] else None,
-                torch.cat(bias_grads) if needs[6] else None,
+                torch.cat(head_grads, 1) if needs.head_weight else None,
+                torch.cat(weight_grads) if needs.norm_weight else None,
+                torch.cat(bias_grads) if needs.norm_bias else None,
                 None, None, *dfeatures)
 
 
@@ -246,10 +245,10 @@ def _checked_spec(norm, features):
     differentiable = torch.is_grad_enabled() and (
         any(f.requires_grad for f in features)
         or (norm.weight is not None and norm.weight.requires_grad))
+    accepted = None
     if differentiable and norm.scale_mode == "bn" and norm.weight is not None:
-        check_scale_where_readable(norm.weight, norm.eps)
-    spec, running_mean, running_var = norm_spec(norm)
-    return spec, running_mean, running_var
+        accepted = check_scale_where_readable(norm.weight, norm.eps)
+    return norm_spec(norm, features, accepted=accepted)
 
 
 def _apply(head, head_weight, features, storage, norm, chunk_channels):
@@ -274,8 +273,7 @@ def concat_norm_act_conv(features, storage, norm, conv, chunk_channels):
     storage holds at once. The running statistics are updated once, as the module's own
     forward would.
     """
-    if conv.bias is not None or conv.groups != 1 or conv.dilation != (1, 1):
-        raise ValueError("conv must be an nn.Conv2d with bias=False, groups=1, dilation=1")
+    check_conv(conv, features)
     return _apply(_ConvHead(conv.stride, conv.padding), conv.weight, features, storage, norm,
                   chunk_channels)
 

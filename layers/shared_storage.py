@@ -29,10 +29,10 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .abn import ABN, batch_norm_arguments
-from .functional import (BackwardSpec, apply_coefficients, check_activation,
-                         normalize_activate_backward, normalize_activate_into,
-                         once_differentiable, reapply_into)
+from .abn import ABN, batch_norm_arguments, count_batch
+from .functional import (BackwardSpec, apply_coefficients, check_activation, check_arguments,
+                         needs_input_grad, normalize_activate_backward,
+                         normalize_activate_into, once_differentiable, reapply_into)
 from .kernels import common
 
 
@@ -153,25 +153,70 @@ def norm_group(norm):
     return None
 
 
-def norm_spec(norm, activation="relu", activation_param=None):
-    """The spec and ``(running_mean, running_var)`` of ``norm`` for one forward call.
+def norm_spec(norm, features, activation="relu", activation_param=None, accepted=None):
+    """The spec and ``(running_mean, running_var)`` of ``norm`` for one call on the
+    concatenation of ``features``.
 
-    Uses the module's own bookkeeping, as its forward would: in training it counts the batch in
-    ``num_batches_tracked`` and picks the momentum (``None`` = cumulative average).
+    Refuses bad arguments first (the activation, ``features``, and the norm's per-channel
+    tensors, ``eps`` and ``momentum`` against the concatenation:
+    :func:`layers.functional.check_arguments`), then uses the module's own bookkeeping, as its
+    forward would: in training it counts the batch in ``num_batches_tracked`` and picks the
+    momentum (``None`` = cumulative average). So a refused call leaves every tensor as it was.
+    ``accepted``: the verdict of a check the caller ran in a compiled graph, as
+    :func:`layers.abn.count_batch` takes it.
     """
     act, slope, scale_mode = norm_activation(norm, activation, activation_param)
-    training, running_mean, running_var, momentum = batch_norm_arguments(norm)
-    spec = _NormSpec(training, momentum, norm.eps, act, slope, scale_mode, norm_group(norm))
+    training, running_mean, running_var, momentum = batch_norm_arguments(norm, count=False)
+    group = norm_group(norm)
+    check_arguments(*concatenation(features), norm.weight, norm.bias, running_mean, running_var,
+                    training, norm.eps, momentum, group)
+    count_batch(norm, accepted)
+    spec = _NormSpec(training, momentum, norm.eps, act, slope, scale_mode, group)
     return spec, running_mean, running_var
+
+
+def concatenation(features):
+    """``(shape, dtype, device)`` of ``torch.cat(features, 1)``, refusing ``features`` that it
+    cannot concatenate, before anything is written."""
+    if not isinstance(features, (list, tuple)) or not features:
+        raise ValueError("features must be a non-empty list of (N, C_i, *) tensors")
+    first = features[0]
+    for i, feature in enumerate(features):
+        if not isinstance(feature, torch.Tensor):
+            raise TypeError(f"features[{i}] is a {type(feature).__name__}, not a tensor")
+        if (feature.dim() < 2 or feature.dim() != first.dim()
+                or feature.shape[0] != first.shape[0] or feature.shape[2:] != first.shape[2:]
+                or feature.dtype != first.dtype or feature.device != first.device):
+            raise ValueError(
+                f"features[{i}] ({tuple(feature.shape)}, {feature.dtype} on {feature.device}) "
+                f"cannot be concatenated along channels with features[0] "
+                f"({tuple(first.shape)}, {first.dtype} on {first.device})")
+    return _concatenated_shape(features), first.dtype, first.device
+
+
+def _concatenated_shape(features):
+    first = features[0]
+    return (first.shape[0], sum(f.shape[1] for f in features), *first.shape[2:])
+
+
+def check_conv(conv, features):
+    """Refuse a convolution that the shared routes cannot run on the concatenation of
+    ``features``, before anything is written: one with a bias, groups or dilation, or whose
+    input channels are not the concatenation's."""
+    if conv.bias is not None or conv.groups != 1 or conv.dilation != (1, 1):
+        raise ValueError("conv must be an nn.Conv2d with bias=False, groups=1, dilation=1")
+    channels = concatenation(features)[0][1]
+    if conv.in_channels != channels:
+        raise ValueError(f"conv takes {conv.in_channels} input channels, but the features "
+                         f"concatenate to {channels}")
 
 
 def _concat(features, storages):
     """The concatenation of ``features`` in storage 1 (a single feature map is used as is)."""
     if len(features) == 1:
         return features[0]
-    first = features[0]
-    shape = (first.shape[0], sum(f.shape[1] for f in features), *first.shape[2:])
-    return torch.cat(features, 1, out=storages.concat.view(shape, first))
+    return torch.cat(features, 1, out=storages.concat.view(_concatenated_shape(features),
+                                                          features[0]))
 
 
 def conv_dtype(y):
@@ -218,9 +263,9 @@ class _ConcatNormActConv(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):
         conv_weight, norm_weight, norm_bias, channel, *features = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        feature_grad = any(needs[9:])
-        norm_grad = channel is not None and (needs[5] or needs[6])
+        needs = needs_input_grad(ctx, _ConcatNormActConv.forward)
+        feature_grad = any(needs.features)
+        norm_grad = channel is not None and (needs.norm_weight or needs.norm_bias)
         x = _concat(features, ctx.storages)  # recomputed into storage 1
         y = x
         if channel is not None:  # recomputed into storage 2, running statistics untouched
@@ -228,7 +273,7 @@ class _ConcatNormActConv(torch.autograd.Function):
             y = ctx.storages.normalized.view(x.shape, x)
             reapply_into(x, y, apply_coefficients(channel, x.dtype), spec.act, spec.slope)
         dy, dconv = conv_grads(grad_out, y, conv_weight, ctx.stride, ctx.padding,
-                                feature_grad or norm_grad, needs[4], ctx.conv_dtype)
+                                feature_grad or norm_grad, needs.conv_weight, ctx.conv_dtype)
         dnorm_weight = dnorm_bias = None
         dx = dy
         if channel is not None and dy is not None:
@@ -236,8 +281,8 @@ class _ConcatNormActConv(torch.autograd.Function):
                 y, dy, x, channel, ctx.backward_spec, input_grad=feature_grad, dz_owned=True)
         dfeatures = (dx.split([f.shape[1] for f in features], 1) if feature_grad
                      else (None,) * len(features))
-        return (None, None, None, None, dconv, dnorm_weight if needs[5] else None,
-                dnorm_bias if needs[6] else None, None, None, *dfeatures)
+        return (None, None, None, None, dconv, dnorm_weight if needs.norm_weight else None,
+                dnorm_bias if needs.norm_bias else None, None, None, *dfeatures)
 
 
 def concat_norm_act_conv(features, storages, norm, conv, activation="relu",
@@ -252,11 +297,12 @@ def concat_norm_act_conv(features, storages, norm, conv, activation="relu",
     as the modules' own forward would; the result and every gradient equal the composite's.
     A synchronised norm (``ABNSync``, ``InPlaceABNSync``, ``nn.SyncBatchNorm``) combines the
     statistics and the backward reductions over its process group (:func:`norm_group`).
+    Every refusal comes before anything but the scratch storages is written.
     """
-    if conv.bias is not None or conv.groups != 1 or conv.dilation != (1, 1):
-        raise ValueError("conv must be an nn.Conv2d with bias=False, groups=1, dilation=1")
+    check_conv(conv, features)
     spec, running_mean, running_var = ((None, None, None) if norm is None
-                                       else norm_spec(norm, activation, activation_param))
+                                       else norm_spec(norm, features, activation,
+                                                      activation_param))
     norm_weight = None if norm is None else norm.weight
     norm_bias = None if norm is None else norm.bias
     return _ConcatNormActConv.apply(storages, spec, conv.stride, conv.padding, conv.weight,
