@@ -37,6 +37,11 @@ synchronises every one of them over the default process group: ``InPlaceABNSync`
 what ``"iabn"`` computes. ``preact=False`` gives post-activation layers (``conv -> BN -> act``,
 Fig. 2 left of the memory-efficient DenseNet paper).
 
+A module hook (forward, pre-forward, backward) on a norm or convolution that a memory-efficient
+implementation computes without calling it (a dense layer's ``norm1`` and ``conv1``, a
+transition's, the final ``norm5`` of ``"shared_inplace"``) makes that step run as in
+``"naive"``: the hook runs and sees what it sees there, at the memory cost of that step.
+
 All implementations have the same modules and state dict; the shared storages are plain
 attributes of the network, not part of its state. ``model.features`` runs on its own, as
 torchvision's: ``model.features(x)`` is the final feature map (for ``norm="bn"`` before the
@@ -53,6 +58,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.modules import module as module_globals
 from torch.utils.checkpoint import checkpoint
 
 from . import functional
@@ -172,6 +178,23 @@ def _checkpointed(features, norm, conv, activation):
     return checkpoint(bottleneck, *features, use_reentrant=False)
 
 
+def _hooked(*modules):
+    """Whether a forward or backward hook is registered on one of ``modules`` (``None``: none)
+    or on every module (``torch.nn.modules.module.register_module_*_hook``).
+
+    The memory-efficient routes compute a norm and a convolution without calling them as
+    modules, so their hooks would never run; a step with hooks on them calls the modules as
+    the naive implementation does (storing that step's concatenation), and the hooks see
+    what they see there."""
+    if (module_globals._global_forward_pre_hooks or module_globals._global_forward_hooks
+            or module_globals._global_backward_pre_hooks
+            or module_globals._global_backward_hooks):
+        return True
+    return any(m is not None and bool(m._forward_pre_hooks or m._forward_hooks
+                                      or m._backward_pre_hooks or m._backward_hooks)
+               for m in modules)
+
+
 class _Route:
     """How one network computes its ``concat -> norm -> act -> conv`` steps (its ``impl``),
     and the ``activation`` that follows its torch batch norms. ``chunk_channels``: the most
@@ -194,15 +217,17 @@ class _Route:
         return _norm_act(norm, x, self.activation)
 
     def concat_norm_act_conv(self, features, norm, conv, checkpointed=False):
-        """``conv(act(norm(cat(features))))``; ``checkpointed`` marks a dense layer's bottleneck."""
-        if self._shares("shared"):
+        """``conv(act(norm(cat(features))))``; ``checkpointed`` marks a dense layer's bottleneck.
+        With hooks on ``norm`` or ``conv`` it calls them as modules (:func:`_hooked`)."""
+        hooked = _hooked(norm, conv)
+        if self._shares("shared") and not hooked:
             return concat_norm_act_conv(features, self.storages, norm, conv,
                                         activation=self.activation.name,
                                         activation_param=self.activation.param)
-        if self._shares("shared_inplace"):
+        if self._shares("shared_inplace") and not hooked:
             return shared_inplace.concat_norm_act_conv(features, self.storages, norm, conv,
                                                        self._chunk(features[0]))
-        if (checkpointed and self.impl == "checkpoint" and not exporting()
+        if (checkpointed and self.impl == "checkpoint" and not exporting() and not hooked
                 and any(f.requires_grad for f in features)):
             return _checkpointed(features, norm, conv, self.activation)
         x = features[0] if len(features) == 1 else torch.cat(features, 1)
@@ -216,7 +241,7 @@ class _Route:
 
     def pools_in_storage(self, norm):
         """Whether the final ``norm`` + activation + global pooling go through the storage."""
-        return norm is not None and self._shares("shared_inplace")
+        return norm is not None and self._shares("shared_inplace") and not _hooked(norm)
 
     def norm_act_pool(self, features, norm):
         """``act(norm(cat(features)))`` averaged over space, ``(N, C)``, in the storage."""

@@ -173,11 +173,20 @@ def test_a_hook_on_a_sliced_input_sees_its_gradient():
 
 
 # --------------------------------------------------------------------------- DenseNets
+DENSE_LAYER = "features.denseblock1.denselayer1"
 #: An InPlaceABN layer of the first dense layer (on its bottleneck convolution's output), which
 #: every implementation calls as a module.
-DENSE_NORM = "features.denseblock1.denselayer1.norm2"
+DENSE_NORM = f"{DENSE_LAYER}.norm2"
+#: Modules that the memory-efficient implementations compute without calling them (the first
+#: norm and convolution of a dense layer, a transition's norm, the final norm): with hooks on
+#: them, the step runs as in the naive implementation, and the hooks see what they see there.
+SHARED_ROUTE_WAYS = [full_backward_hook(f"{DENSE_LAYER}.norm1"),
+                     output_tensor_hook(f"{DENSE_LAYER}.norm1"),
+                     full_backward_hook(f"{DENSE_LAYER}.conv1"),
+                     output_tensor_hook("features.transition1.norm"),
+                     full_backward_hook("features.norm5")]
 DENSE_WAYS = [plain, output_tensor_hook(DENSE_NORM), full_backward_hook(DENSE_NORM),
-              full_backward_hook("features.denseblock1.denselayer1.conv2"),
+              full_backward_hook(f"{DENSE_LAYER}.conv2"), *SHARED_ROUTE_WAYS,
               autograd_grad(False), anomaly_mode]
 
 
