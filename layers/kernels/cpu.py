@@ -48,9 +48,9 @@ from the cache runs the copies in it. Both compute the same values only where LL
 keep the rounding of every operation. Hence no kernel allows floating-point contraction
 (``fastmath`` ``contract``): which multiplies and adds fuse follows the shape of the code when
 it becomes machine code, and the two copies fused differently (about one element in four of
-an input gradient differed in its last bit). With reassociation alone, which vectorises the sums, the copies
-agree, for both layers, every dtype, activation and view. ``tests/test_kernel_determinism.py``
-compares a fresh compile with the cache.
+an input gradient differed in its last bit). With reassociation alone, which vectorises the
+sums, the copies agree, for both layers, every dtype, activation and view.
+``tests/test_kernel_determinism.py`` compares a fresh compile with the cache.
 
 Speed: each kernel is compiled once per activation (and backward mode) with both as
 constants (:class:`_Variants`), so LLVM sees straight-line, branch-free loop bodies that it
@@ -184,12 +184,11 @@ _FUSED_MIN_CHANNELS = 32
 #: Elements up to which the in-place training forward fuses whatever its number of channels.
 #: There its time is the calls' fixed cost, not the threads' share of the work: with fewer
 #: channels than threads the fused forward leaves threads idle, but the two passes instead
-#: cost several calls into numba and torch operators between them. Measured (AMD Zen 5,
-#: 2 threads, 2026-11-28; the ``InPlaceABN`` forward, fused over unfused, interleaved), with 3,
-#: 16 and 24 channels, float32 and bfloat16: 0.40-0.59 up to 49152 elements, 0.56-0.73 at
-#: 98304 to 393216 elements except 1.04 with 3 channels at 393216 in float32 (two of the three
-#: channels on one thread, beyond its L2 cache), 0.64-1.43 from 524288 on. Like the channel
-#: count, a constant: the choice follows the shape alone.
+#: cost several calls into numba and torch operators between them; on larger tensors a thread
+#: holding several channels beyond its cache makes the fused forward the slower. The
+#: ``inplace_abn_fwd_I`` row of ``python -m experiments.bench_kernels --shapes`` with a few
+#: channels (e.g. ``2 3 128 128``), run with this constant moved, measures the crossover. Like
+#: the channel count, a constant: the choice follows the shape alone.
 _FUSED_MAX_ANY_CHANNELS = 1 << 17
 
 
@@ -241,16 +240,12 @@ _LANES = 16
 #: Whether the 16-bit element-wise row loops split at :data:`_LANES` (:func:`_split_at_lanes`).
 _SPLITS_ROWS = target.compiles_for("avx512f")
 #: Whether the element-wise loops of the forward and of the backward's input gradient run
-#: bfloat16 rows as pairs of elements per 32-bit word, without shuffles (:mod:`.pairs`). Measured
-#: on an AMD Zen 5 host (AVX-512, 2 threads, 2026-11-28; ``bench_kernels`` on bfloat16, two runs
-#: each alternating with the scalar loops). The forward's (when it still read a row's last step
-#: first): the normalize pass took 0.79-0.80 of the scalar loop's time at (32, 2048, 7, 7),
-#: 0.82-0.84 at (32, 1024, 14, 14), 0.84-0.85 at (32, 512, 28, 28) and 0.93-1.01 at
-#: (32, 256, 56, 56), where it waits on memory; the fused training forward 0.84-0.89,
-#: 0.85-0.86, 0.89-0.90 and 0.88-0.91. The input gradient's, on top: the in-place pass
-#: 0.79-0.83, 0.90-0.96, 0.87-0.96 and 0.98-1.11; the layer's forward + backward 0.90-0.94,
-#: 0.95-1.01, 0.92-0.93 and 0.93-0.98. Not measured on hosts without AVX-512, which keep the
-#: scalar loops.
+#: bfloat16 rows as pairs of elements per 32-bit word, without shuffles (:mod:`.pairs`): on
+#: AVX-512 hosts they beat the scalar loops, most on the short rows of small maps, whose passes
+#: compute rather than wait on memory. Hosts without AVX-512 keep the scalar loops, the pairs
+#: not having been timed there. ``python -m experiments.bench_kernels --dtypes bfloat16`` with
+#: this flag on and off measures it (the ``normalize_act`` and ``backward_input_in_place``
+#: passes and the layer's forward + backward).
 _PAIRS_ROWS = _SPLITS_ROWS
 
 
@@ -294,10 +289,10 @@ def _split_sums_at_lanes_overload(row):
     # The four-row sums vectorise in steps of 4 * _LANES elements, then what is left in steps
     # of half a register: the short rows of 7x7 and 14x14 maps run almost all in half steps,
     # or one element at a time. A first loop whose length LLVM can see is a multiple of
-    # _LANES runs at full width instead. Measured on an AMD Zen 5 host (2026-11-28, the
-    # statistics of (32, C, S) bfloat16 tensors of 3.2M elements, 2 threads): 0.53 of the one
-    # loop's time at S = 49, 0.74 at 98, 0.88 at 196, no change from 784 up (S a multiple of
-    # _LANES: nothing to split); on float32 rows the split loops ran 8-27% slower.
+    # _LANES runs at full width instead: faster on short 16-bit rows, the same where S is a
+    # multiple of _LANES (nothing to split), slower on float32 rows, which keep one loop. The
+    # ``statistics`` pass of ``python -m experiments.bench_kernels --dtypes bfloat16 float32``
+    # measures it.
     if row.dtype in codecs.SIXTEEN_BIT_TYPES:  # callers test _SPLITS_ROWS first
         return lambda row: row.size % _LANES != 0
     return lambda row: False
@@ -913,25 +908,13 @@ def _channel_block(shape, element_size, tensors, threads):
 
 #: The smallest rows (bytes) and the fewest bytes of data a whole step reads for which it
 #: prefetches the next block of channels, on 16-bit data only (:func:`_prefetch_ahead`).
-#: Measured on an AMD Zen 5 host (1 MiB of L2 per core, 32 MiB of L3; 2 threads,
-#: 2026-11-28), the whole steps with prefetching over those without, interleaved in one
-#: process: on bfloat16, the in-place training forward 0.86-0.94 at (32, 256, 56, 56) and
-#: (32, 512, 28, 28), the backward 0.98 and 0.72-0.85; on float16, the forward 0.87-0.90 at
-#: (32, 256, 56, 56) and (32, 128, 56, 56), the backward 0.87-0.91 at (32, 512, 28, 28)
-#: (0.91-1.03 at the other two); with rows of 7x7 and 14x14 maps, or
-#: on tensors of 6 MiB and less, which the caches hold, the extra loop cost 3-15%. On float32
-#: (passes bound by memory, not by arithmetic: nothing to overlap) it cost up to 9%. Those runs
-#: prefetched a batch item's rows of the next block after its rows of this one; with the
-#: prefetches spread over the rows' arithmetic since (:func:`_elements_ahead`), float32 still
-#: gained nothing (the training forward at (32, 512, 28, 28) and (32, 256, 56, 56) with
-#: prefetching, two blocks allowed to fill the L2 cache: 0.94-1.05 and 0.99-1.09 of its time
-#: without, two runs each, alternating). On 16-bit data it also pays on shorter rows and
-#: smaller tensors than before: with rows of at least 128 bytes and 4 MiB read, the
-#: training forward at (32, 1024, 14, 14) took 0.87-0.94 (bfloat16) and 0.82-0.88 (float16) of
-#: its time with rows of at least 1 KiB and 16 MiB, the forward + backward 0.74-0.81 and
-#: 0.72-0.75; at (32, 2048, 7, 7), whose rows the pairs loops cover in their two last steps
-#: (no prefetch), and on (8, 1024, 14, 14) (3 MiB), it gained nothing (0.96-1.12). Hence rows
-#: of at least 256 bytes (not 7x7 maps) and 8 MiB read (not tensors the caches hold).
+#: On 16-bit data a pass computes as well as it waits on memory, and prefetching the next
+#: block overlaps the two on tensors larger than the caches; on rows of 7x7 maps (which the
+#: pairs loops cover in their two last steps) and on tensors the caches hold, the extra loop
+#: costs more than it gains, and on float32 (passes bound by memory alone: nothing to overlap)
+#: it gains nothing. Hence rows of at least 256 bytes (not 7x7 maps) and 8 MiB read (not
+#: tensors the caches hold). ``python -m experiments.bench_kernels --dtypes bfloat16 float16
+#: float32`` at its default shapes, run with these constants moved, measures it.
 _PREFETCH_MIN_ROW_BYTES = 256
 _PREFETCH_MIN_BYTES = 8 * 2 ** 20
 
@@ -1082,9 +1065,8 @@ def _copies_into_output(x, out):
     not overlap it (``forward_step_out``; in place, ``out`` is ``x`` itself, which this tells
     without a call into torch), copies ``x`` into ``out`` and runs in place there: on
     :func:`_fixed_cost_bound` views, where one copy and the fused forward cost less than the two
-    passes' calls: the ``ABN`` forward took 0.46 to 0.64 times as long so, at five shapes of
-    2048 to 131072 elements with 3 to 64 channels, float32 and bfloat16 (measured as for
-    ``_FUSED_MAX_ANY_CHANNELS``)."""
+    passes' calls, as on the small shapes that ``_FUSED_MAX_ANY_CHANNELS`` fuses (measured
+    as that constant is)."""
     return out is not x and x.dim() == 3 and _fixed_cost_bound(x)
 
 

@@ -147,9 +147,10 @@ def _simulated_launch():
     The simulator runs each thread of a block as a Python thread, and its scheduler
     (``BlockManager.run``) polls them in a busy loop until they have all ended. That loop holds
     the GIL for up to the switch interval before a simulated thread can take it, so at CPython's
-    default of 5 ms most of a launch is polling. At 0.1 ms the kernel-marked layer tests of
-    ``tests/test_abn.py`` ran 2.3 times as fast (``test_any_rank``: 8.9 s against 20.4 s; 0.5 ms
-    and 0.02 ms were slower than 0.1 ms, 50 ms five times slower than the default).
+    default of 5 ms most of a launch is polling; much shorter intervals cost more in
+    switching than they save. 0.1 ms ran the kernel-marked layer tests fastest of the
+    intervals tried (``LAYERS_KERNELS=cudasim python -m pytest -m kernels tests/test_abn.py``
+    measures it).
     """
     interval = sys.getswitchinterval()
     sys.setswitchinterval(SIMULATOR_SWITCH_INTERVAL_S)

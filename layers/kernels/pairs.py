@@ -62,14 +62,10 @@ _NAN_OR_SUBNORMAL = 0x01 | 0x20 | 0x80
 _INTERLEAVE = ir.Constant(ir.VectorType(_I32, STEP),
                           [half + i for i in range(STEP // 2) for half in (0, STEP // 2)])
 
-#: Whether the packing may use AVX512-BF16's conversion (:func:`_pack`). Measured on an AMD
-#: Zen 5 host (2026-11-28) against the integer rounding alone. One thread, rows of 3136
-#: elements in cache: the forward's loop 22.5 against 18.4 G elements/s, the input gradient's
-#: 13.1 against 10.0 (from ``y``) and 17.6 against 13.7 (from ``x``). ``bench_kernels`` on
-#: bfloat16 at (32, 2048, 7, 7), (32, 1024, 14, 14), (32, 512, 28, 28) and (32, 256, 56, 56),
-#: two runs each, alternating: the fused training forward took 0.92-0.98, 0.89-0.98, 0.92-0.93
-#: and 0.92-0.95 of its time, the layer's forward + backward 0.90-0.99, 0.94-1.03, 0.94-0.96
-#: and 0.90-0.98.
+#: Whether the packing may use AVX512-BF16's conversion (:func:`_pack`): where the host has
+#: it, one instruction rounds what the integer rounding alone takes several for, in the
+#: forward's loop and in the input gradient's. ``python -m experiments.bench_kernels --dtypes
+#: bfloat16`` with this flag on and off measures it.
 HARDWARE_ROUNDING = compiles_for("avx512bf16")
 
 
@@ -169,10 +165,12 @@ def _emit_row(builder, size, sources, destination, element_values, prefetched, a
     the only one it overlaps, so both of those read their inputs before either writes. In
     place, the overlapped elements are thus computed twice from the same inputs and written
     twice with the same value, and no step is masked: with a masked last step the normalize
-    pass over 7x7 maps ran at about half the speed (measured; the next row's first load
-    likely waits on the partial store). The reads go up the row in order, as the hardware
-    prefetchers expect: with the last step read first, before the others, the input-gradient
-    pass over 14x14 maps read from memory took twice as long."""
+    pass over 7x7 maps ran at about half the speed (the next row's first load likely waits
+    on the partial store). The reads go up the row in order, as the hardware prefetchers
+    expect: with the last step read first, before the others, the input-gradient pass over
+    14x14 maps read from memory took twice as long. The ``normalize_act`` and
+    ``backward_input_in_place`` passes of ``python -m experiments.bench_kernels --dtypes
+    bfloat16 --shapes 32 2048 7 7 32 1024 14 14`` measure both."""
     def compute(index):
         words = [builder.bitcast(builder.load(_row_pointer(builder, row, index), align=2),
                                  _WORDS) for row in sources]
