@@ -15,8 +15,8 @@ report: "captions/workflow.rst"
 #: The report's categories: a notebook's paper, named by the prefix of the notebook's name.
 REPORT_PAPERS = {"densenet_": "Memory-efficient DenseNets (Pleiss et al. 2017)",
                  "iabn_": "In-Place Activated BatchNorm (Rota Bulò et al. 2018)"}
-#: The report's category for what belongs to no paper's figure: the kernel benchmark, the
-#: claims report and the run record.
+#: The report's category for what is no paper's figure: the kernel benchmark, what goes beyond
+#: the papers, the claims report and the run record.
 REPORT_SUMMARY = "Summary of the run"
 #: The rendered files the report shows (the others are for papers and downloads).
 REPORTED_SUFFIXES = {"png": "figure", "html": "table"}
