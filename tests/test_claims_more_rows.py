@@ -104,7 +104,13 @@ def test_14m_parameters_needs_a_settled_simulated_search(artifacts):
     write(artifacts, "densenet_fig4_memory", "far-cpu",
           single_gpu_frame(30.0, 4.0, shared_capped=True))
     write(artifacts, "densenet_fig4_memory", "none-cpu", fig4_frame("cpu", PAPER_LIKE))
+    for run, budget in (("small-cpu", 6.0), ("large-cpu", 24.0)):
+        write(artifacts, "densenet_fig4_memory", run,
+              single_gpu_frame(14.0, 4.0).assign(memory_budget_gib=budget))
     outcomes = _outcomes(artifacts, "densenet_params_single_gpu")
+    for run in ("small-cpu", "large-cpu"):
+        assert outcomes[run].verdict == claims.NOT_MEASURED
+        assert "not the claim's 12 GB" in outcomes[run].reason
     assert outcomes["capped-cpu"].verdict == claims.NOT_MEASURED
     assert "stopped at max_depth" in outcomes["capped-cpu"].reason
     assert outcomes["far-cpu"].verdict == claims.NOT_REPRODUCED  # already past the band

@@ -530,9 +530,9 @@ def _params_single_gpu(claim, frame):
               f"{budget:g} GiB within the paper's figure x (1 -/+ {NEARLY_BAND:g})^2, each "
               "implementation (the depth band of 'nearly 500 layers', squared, as the "
               f"parameters grow as the depth squared); {SIMULATED_NOTE}")
-    if budget > claim["budget_gib"] * (1 + 1e-6):
+    if abs(budget - claim["budget_gib"]) > 1e-6 * claim["budget_gib"]:
         return Outcome("; ".join(parts), NOT_MEASURED, f"the simulated budget is {budget:g} "
-                       f"GiB, more than the claim's {claim['budget_gib']:g} GB")
+                       f"GiB, not the claim's {claim['budget_gib']:g} GB")
     if unsettled:
         return Outcome("; ".join(parts), NOT_MEASURED, f"{reason}; the search of "
                        f"{unsettled} stopped at max_depth, short of the band's end (raise it)")
