@@ -71,6 +71,28 @@ def test_the_340_layer_models_ratios_are_the_architectures(artifacts, value, ver
     assert outcome.measured == "340 vs 136 layers: 2.50x as deep, 5.29x the parameters"
 
 
+@pytest.mark.parametrize("blocks, verdict", [
+    (None, claims.NOT_REPRODUCED),  # the footnote's own: 305 and 273 weighted layers
+    ({"densenet264": [6, 12, 64, 48], "densenet232": [6, 12, 48, 48]}, claims.BY_CONSTRUCTION),
+    ({"densenet264": [6, 12, 63, 48], "densenet232": [6, 12, 48, 48]}, claims.BY_CONSTRUCTION),
+    ({"densenet264": [6, 12, 62, 48], "densenet232": [6, 12, 48, 48]}, claims.NOT_REPRODUCED),
+    ({"densenet264": [6, 12, 65, 48], "densenet232": [6, 12, 48, 48]}, claims.NOT_REPRODUCED),
+    ({"densenet264": [6, 12, 64, 48], "densenet232": [6, 12, 48, 49]}, claims.NOT_REPRODUCED)])
+def test_footnote_10s_blocks_are_judged_by_their_depth(artifacts, blocks, verdict):
+    """Blocks 6-12-64-48 give 265 weighted layers, 6-12-63-48 263 (both within one of 264),
+    6-12-62-48 261 and 6-12-65-48 267 (not); 6-12-48-48 233, 6-12-48-49 235."""
+    write(artifacts, "densenet_fig6_imagenet", "smoke-cpu",
+          pd.DataFrame({"device": ["cpu"], "env_device_name": ["a device"]}))
+    claim = claim_of(artifacts, "densenet_footnote10_blocks")
+    value = claim["value"] if blocks is None else {
+        name: {**spec, "blocks": blocks[name]} for name, spec in claim["value"].items()}
+    outcome = judged(artifacts, "densenet_footnote10_blocks", "smoke-cpu", value=value)
+    assert outcome.verdict == verdict
+    if blocks is None:
+        assert outcome.measured == ("densenet264 with blocks 6-32-64-48: 305 weighted layers; "
+                                    "densenet232 with blocks 6-32-48-48: 273 weighted layers")
+
+
 # --------------------------------------------------------------------------- 14M vs 4M
 def single_gpu_frame(shared_m, naive_m, shared_capped=False):
     """A Fig. 4 CSV whose simulated searches found ``shared_m`` and ``naive_m`` million

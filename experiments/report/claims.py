@@ -483,6 +483,35 @@ def _parameter_counts(claim, frame):
                    + (f"; differs: {'; '.join(wrong)}" if wrong else ""))
 
 
+def _weighted_layers(blocks):
+    """The depth of a DenseNet-BC with dense blocks of ``blocks`` layers, as Huang et al.
+    count it: two convolutions per dense layer, the stem convolution, one per transition and
+    the classifier (DenseNet-121's 6-12-24-16: 121)."""
+    return 2 * sum(blocks) + len(blocks) + 1
+
+
+#: A depth named after its blocks may be one off the weighted layers: Huang et al.'s own
+#: DenseNet-264 (6-12-64-48) has 265.
+NAMED_DEPTH_SLACK = 1
+
+
+@evaluates("densenet_footnote10_blocks")
+def _footnote_blocks(claim, frame):
+    implied = {name: _weighted_layers(spec["blocks"]) for name, spec in claim["value"].items()}
+    measured = "; ".join(f"{name} with blocks {'-'.join(map(str, spec['blocks']))}: "
+                         f"{implied[name]} weighted layers" for name, spec in
+                         claim["value"].items())
+    ok = all(abs(implied[name] - spec["depth"]) <= NAMED_DEPTH_SLACK
+             for name, spec in claim["value"].items())
+    return Outcome(measured, verdict(ok, BY_CONSTRUCTION),
+                   f"criterion: each block configuration has the model's depth within "
+                   f"{NAMED_DEPTH_SLACK} (2 x the dense layers + the stem, the transitions and "
+                   "the classifier; Huang et al.'s DenseNet-264, 6-12-64-48, has 265): the "
+                   "architecture's arithmetic. layers.densenet builds 6-12-64-48 and "
+                   "6-12-48-48, whose parameters match the paper's 33M, 73M and 55M "
+                   "(densenet_parameters_imagenet)")
+
+
 @evaluates("densenet_340_layers_parameters")
 def _parameter_ratio(claim, frame):
     deep, shallow = (claim["models"][key] for key in ("deep", "shallow"))
