@@ -382,6 +382,16 @@ def _percent(value):
         else 100 * value
 
 
+def metric_columns(metrics):
+    """An evaluation's result columns from :func:`~.segmentation.evaluate_segmentation`'s
+    metrics: mIoU, pixel accuracy and per-class IoU (a JSON list) in percent, ``None`` where
+    undefined, and the images."""
+    return {"miou_pct": _percent(metrics["miou"]),
+            "pixel_accuracy_pct": _percent(metrics["pixel_accuracy"]),
+            "images": metrics["count"],
+            "iou_per_class_pct": json.dumps([_percent(v) for v in metrics["iou_per_class"]])}
+
+
 def run(args, experiment):
     """Train and evaluate the point; on rank 0 write its artifacts and remove the work dir.
     Returns the engine's report."""
@@ -410,10 +420,7 @@ def run(args, experiment):
               "classes": train_set.num_classes, "train_time_s": report["train_time_s"],
               "final_train_loss": report["epochs"][-1]["train_loss"]}
     results = [{"eval": name, "scales": ",".join(f"{s:g}" for s in evals[name][0]),
-                "flip": evals[name][1], "miou_pct": _percent(m["miou"]),
-                "pixel_accuracy_pct": _percent(m["pixel_accuracy"]), "images": m["count"],
-                "iou_per_class_pct": json.dumps([_percent(v) for v in m["iou_per_class"]]),
-                **shared}
+                "flip": evals[name][1], **metric_columns(m), **shared}
                for name, m in report["final"].items()]
     with atomic_path(args.weights) as tmp:
         torch.save(model.state_dict(), tmp)
@@ -440,4 +447,5 @@ def main(experiment, description, argv=None):
 
 __all__ = ["DATASETS", "METRICS", "NORMS", "SegmentationEvaluator", "build", "check",
            "check_data", "class_uniform_sampler", "configuration", "datasets", "eval_sets",
-           "file_digest", "load_init", "main", "parser", "read_capacity", "recipe", "resume_options", "run"]
+           "file_digest", "load_init", "main", "metric_columns", "parser", "read_capacity",
+           "recipe", "resume_options", "run"]

@@ -34,7 +34,7 @@ import torch
 from ..records import point
 from .data import cityscapes, cocostuff, seg_transforms, vistas
 from .point import USER_ERRORS, exit_with_message
-from .seg_point import DATASETS, _percent, build
+from .seg_point import DATASETS, build, metric_columns
 from .segmentation import evaluate_segmentation
 from .segmentation.submission import SubmissionWriter
 
@@ -156,12 +156,8 @@ def predict(args):
     partial.rename(args.predictions)
     return {"point": args.point.stem, "dataset": dataset, "split": args.split,
             "eval": args.evaluation, "scales": row["scales"], "flip": row["flip"],
-            "eval_window": config.get("eval_window"), "images": metrics["count"],
-            "files": len(files),
-            "miou_pct": _percent(metrics["miou"]),
-            "pixel_accuracy_pct": _percent(metrics["pixel_accuracy"]),
-            "iou_per_class_pct": json.dumps([_percent(v) for v in metrics["iou_per_class"]]),
-            "point_miou_pct": row.get("miou_pct")}
+            "eval_window": config.get("eval_window"), "files": len(files),
+            **metric_columns(metrics), "point_miou_pct": row.get("miou_pct")}
 
 
 def main(argv=None):
