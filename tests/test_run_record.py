@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.records import paths, run_record
+from experiments.records import forkserver, paths, run_record
 
 HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time"
 
@@ -91,7 +91,11 @@ def test_the_run_cpu_time_counts_the_processes_it_started():
     assert run_record.invocation_times(finished.pid) is None
 
 
-def test_the_record_is_written_as_json_markdown_and_html(tmp_path):
+@pytest.mark.parametrize("fork_server", [False, True])
+def test_the_record_is_written_as_json_markdown_and_html(tmp_path, monkeypatch, fork_server):
+    monkeypatch.delenv(forkserver.SOCKET_ENV, raising=False)
+    if fork_server:  # as in a job the fork server ran
+        monkeypatch.setenv(forkserver.SOCKET_ENV, str(tmp_path / "socket"))
     benchmark(tmp_path, "render", "smoke-cpu", "fig4", (2.5, 300.0, 2.0))
     out = tmp_path / "run_record" / "smoke-cpu.json"
     status = run_record.main(["--run", "smoke-cpu", "--profile", "smoke", "--device", "cpu",
@@ -108,5 +112,7 @@ def test_the_record_is_written_as_json_markdown_and_html(tmp_path):
     assert record["invocation"]["wall_s"] > 0
     markdown = out.with_suffix(".md").read_text()
     assert "| render | 1 | 2.5 | 2.5 | 2.0 | 300.0 |" in markdown
+    assert record["fork_server"] is fork_server
+    assert ("the CPU and memory columns are the clients'" in markdown) is fork_server
     page = out.with_suffix(".html").read_text()
     assert "<td>render</td>" in page and "<title>Run record smoke-cpu</title>" in page

@@ -21,11 +21,13 @@ What it holds:
   and longest wall time, their CPU time and largest resident set. A job that did not run in
   this invocation keeps the file of its last run. Snakemake measures the process it started:
   with the fork server that is the client, so a rule's CPU time and memory then miss the job's
-  own work (its wall time is the job's).
+  own work (its wall time is the job's). ``fork_server`` says whether the jobs ran so (the
+  server's socket is in the job's environment, :data:`.forkserver.SOCKET_ENV`).
 """
 import argparse
 import csv
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -37,7 +39,7 @@ import psutil
 import torch
 
 from ..report.html_page import markdown_to_html
-from . import paths
+from . import forkserver, paths
 from .atomic import atomic_path, write_json_atomic
 from .environment import describe_environment
 from .paths import REPO_ROOT
@@ -179,6 +181,7 @@ def make_record(run, profile, device, benchmarks, snakemake_pid=None):
         "profile": profile,
         "environment": describe_machine(device),
         "invocation": invocation_times(snakemake_pid),
+        "fork_server": forkserver.SOCKET_ENV in os.environ,
         "rules": rule_times(benchmarks, run),
     }
 
@@ -216,6 +219,10 @@ def to_markdown(record):
     for rule, t in rules.items():
         cells = [rule, t["jobs"], t["wall_s"], t["wall_s_max"], t["cpu_s"], t["max_rss_mb"]]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    if record["fork_server"]:
+        lines += ["", "The jobs ran as forks of the fork server (the profile's `forkserver`): "
+                  "Snakemake measured their clients, so the CPU and memory columns are the "
+                  "clients'; the wall times are the jobs'."]
     return "\n".join(lines) + "\n"
 
 
