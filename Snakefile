@@ -180,7 +180,6 @@ include: "experiments/rules/iabn_table2_capacity.smk"
 include: "experiments/rules/whole_step.smk"
 include: "experiments/rules/training.smk"
 include: "experiments/rules/segmentation.smk"
-include: "experiments/rules/gpu_selfcheck.smk"
 
 
 # Light jobs that read artifacts/ only: on a cluster they run where snakemake runs, not as
@@ -230,5 +229,7 @@ for _experiment in EXPERIMENTS:
             experiment_targets(_experiment),
 
 
+# --------------------------------------------------------------------------- generic rules
 include: "experiments/rules/bench_kernels.smk"
 include: "experiments/rules/report.smk"
+include: "experiments/rules/gpu_selfcheck.smk"
