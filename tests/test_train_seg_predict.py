@@ -189,23 +189,26 @@ def test_predictions_read_back_officially_score_the_points_miou(trained, tmp_pat
     assert row["point_miou_pct"] == reported["miou_pct"]
 
 
-def test_test_split_files_are_named_and_sized_for_the_server(trained, tmp_path):
+def test_the_folder_holds_exactly_the_servers_files(trained, tmp_path):
+    """The test split where the release has one (COCO-Stuff's loader: val), each image's file
+    of its name and size and nothing else (COCO-Stuff: and the result JSON)."""
     dataset, root, _, _ = trained
-    split = TREES[dataset][2]
-    if split is None:
-        pytest.skip(f"{dataset}: no test split in the loader")
+    split = TREES[dataset][2] or TREES[dataset][1]
     row = _predict(trained, split, "ms_flip", tmp_path / "pred")
-    assert row["miou_pct"] is None  # the test labels are the server's
+    if split == TREES[dataset][2]:
+        assert row["miou_pct"] is None  # the test labels are the server's
     folder = tmp_path / "pred"
     if dataset == "cityscapes":
         images = sorted((root / "leftImg8bit" / split).rglob("*_leftImg8bit.png"))
-        expected = {image.name for image in images}
+        names = [image.name for image in images]
     else:
-        images = sorted((root / split / "images").glob("*.jpg"))
-        expected = {f"{image.stem}.png" for image in images}
-    assert {p.name for p in folder.iterdir()} == expected and row["files"] == len(images)
-    for image in images:
-        name = image.name if dataset == "cityscapes" else f"{image.stem}.png"
+        folder_of = {"vistas": root / split / "images", "cocostuff": root / "images" / "val2017"}
+        images = sorted(folder_of[dataset].glob("*.jpg"))
+        names = [f"{image.stem}.png" for image in images]
+    extra = {f"stuff_{split}2017_results.json"} if dataset == "cocostuff" else set()
+    assert {p.name for p in folder.iterdir()} == set(names) | extra
+    assert row["files"] == len(images) + len(extra)
+    for image, name in zip(images, names):
         with Image.open(image) as rgb:
             assert _read_png(folder / name).shape == (rgb.height, rgb.width)
 
