@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from . import functional
 from .abn import ABN, NORM_TYPES, ABNSync, InPlaceABN, InPlaceABNSync, NormBase, \
-    batch_norm_arguments
+    batch_norm_arguments, count_batch
 
 #: Values of ``norm``: standard BN, InPlace-ABN, InPlace-ABN synchronised over the ranks.
 NORMS = ("bn", "iabn", "iabn_sync")
