@@ -68,8 +68,6 @@ def test_contenders_are_timed_interleaved_each_once_per_round(resnext_point):
     timed = calls[:rounds * n]
     for r in range(rounds):
         assert len(set(timed[r * n:(r + 1) * n])) == n, f"round {r}: {timed}"
-    # the rounds are not all in one fixed order
-    assert len({tuple(timed[r * n:(r + 1) * n]) for r in range(rounds)}) > 1
 
 
 def test_densenet_contenders_cover_both_shared_implementations():
