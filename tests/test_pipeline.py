@@ -28,6 +28,7 @@ EXPERIMENT_POINTS = {
     "iabn_table2_capacity": lambda section: [
         f"{dataset}_{body}_{norm}_{mode}" for dataset, spec in section["datasets"].items()
         for body in spec["crops"] for norm in ("bn", "iabn") for mode in section["modes"]],
+    "whole_step": lambda section: list(section["networks"]),
 }
 #: experiment -> its points simulated on the meta device (rule ``<experiment>_simulated_point``)
 SIMULATED_POINTS = {
