@@ -56,7 +56,6 @@ check above) are skipped on tensors without values and are operations of the gra
 hold it); in-place layers run on a copy of their input where PyTorch would otherwise lose a
 gradient (:func:`_runs_on_a_copy`).
 """
-import collections
 import functools
 import inspect
 import math
@@ -799,23 +798,27 @@ def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True, poison
 
 
 # --------------------------------------------------------------------------- functions
-@functools.cache
-def _needs_type(forward):
-    """The named tuple of :func:`needs_input_grad` for ``forward``, the number of its fixed
-    arguments and whether it ends with a variadic one."""
-    arguments = list(inspect.signature(forward).parameters.values())[1:]  # after ctx
-    fixed = [a.name for a in arguments if a.kind is not inspect.Parameter.VAR_POSITIONAL]
+def input_names(forward):
+    """``(names, variadic)`` of an autograd function's ``forward``: the names of its arguments
+    after ``ctx``, and that of a final ``*args`` one (or ``None``), for :func:`needs_input_grad`.
+    Taken once, where the function is defined: ``torch.compile`` traces a backward, and
+    ``inspect`` is nothing it can trace."""
+    arguments = list(inspect.signature(forward).parameters.values())[1:]
     variadic = [a.name for a in arguments if a.kind is inspect.Parameter.VAR_POSITIONAL]
-    return collections.namedtuple("NeedsInputGrad", fixed + variadic), len(fixed), bool(variadic)
+    return (tuple(a.name for a in arguments if a.kind is not inspect.Parameter.VAR_POSITIONAL),
+            variadic[0] if variadic else None)
 
 
-def needs_input_grad(ctx, forward):
-    """``ctx.needs_input_grad`` of an autograd function whose forward is ``forward``, as a
-    named tuple with its arguments' names (a variadic one, ``*features``, holds the tuple of
-    its flags): read by name, a backward stays right when an argument is added or moved."""
-    cls, fixed, variadic = _needs_type(forward)
+def needs_input_grad(ctx, names):
+    """``ctx.needs_input_grad`` as a dict keyed by the forward's argument names
+    (:func:`input_names`; a ``*args`` argument's entry is the tuple of its flags): read by
+    name, a backward stays right when an argument is added or moved."""
+    fixed, variadic = names
     flags = ctx.needs_input_grad
-    return cls(*flags[:fixed], flags[fixed:]) if variadic else cls._make(flags)
+    needs = dict(zip(fixed, flags))
+    if variadic is not None:
+        needs[variadic] = flags[len(fixed):]
+    return needs
 
 
 def once_differentiable(backward):
@@ -852,7 +855,7 @@ class _ABN(torch.autograd.Function):
     def backward(ctx, dz):
         x, z, channel = ctx.saved_tensors
         grads = normalize_activate_backward(z, dz, x, channel, ctx.spec,
-                                            needs_input_grad(ctx, _ABN.forward).x)
+                                            needs_input_grad(ctx, _ABN_INPUTS)["x"])
         return grads + (None,) * 9
 
 
@@ -880,8 +883,13 @@ class _InPlaceABN(torch.autograd.Function):
             poison = ctx.check.flag  # not known on the host yet: read after this backward
             _settle_after_backward(ctx.check)
         grads = normalize_activate_backward(z, dz, None, channel, ctx.spec,
-                                            needs_input_grad(ctx, _InPlaceABN.forward).x, poison)
+                                            needs_input_grad(ctx, _IN_PLACE_ABN_INPUTS)["x"],
+                                            poison)
         return grads + (None,) * 11
+
+
+_ABN_INPUTS = input_names(_ABN.forward)
+_IN_PLACE_ABN_INPUTS = input_names(_InPlaceABN.forward)
 
 
 def abn(input, weight=None, bias=None, running_mean=None, running_var=None, training=True,

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from .functional import (BackwardSpec, apply_coefficients, check_activation,
-                         check_scale_where_readable, needs_input_grad,
+                         check_scale_where_readable, input_names, needs_input_grad,
                          normalize_activate_backward, normalize_activate_into,
                          once_differentiable, reapply_into, scale_and_shift)
 from .kernels import common
@@ -176,9 +176,9 @@ class _ChunkedNormActHead(torch.autograd.Function):
     def backward(ctx, grad_out):
         head_weight, norm_weight, norm_bias, state, *features = ctx.saved_tensors
         spec, head = ctx.spec, ctx.head
-        needs = needs_input_grad(ctx, _ChunkedNormActHead.forward)
-        feature_grad = any(needs.features)
-        norm_grad = spec is not None and (needs.norm_weight or needs.norm_bias)
+        needs = needs_input_grad(ctx, _CHUNKED_NORM_ACT_HEAD_INPUTS)
+        feature_grad = any(needs["features"])
+        norm_grad = spec is not None and (needs["norm_weight"] or needs["norm_bias"])
         if spec is not None:
             backward_spec = BackwardSpec.of(common.MODE_Y, spec.act, spec.slope, spec.training,
                                             spec.group, norm_weight, norm_bias)
@@ -196,7 +196,7 @@ class _ChunkedNormActHead(torch.autograd.Function):
                 channel = layer_state[:, lo:hi].contiguous()
                 reapply_into(y, y, (a[lo:hi], b[lo:hi]), spec.act, spec.slope)
             dy, dhead = head.backward(grad_out, y, head_weight, lo, hi, ctx.head_dtype,
-                                      feature_grad or norm_grad, needs.head_weight)
+                                      feature_grad or norm_grad, needs["head_weight"])
             head_grads.append(dhead)
             dx = dy
             if spec is not None and dy is not None:
@@ -209,12 +209,15 @@ class _ChunkedNormActHead(torch.autograd.Function):
             if feature_grad:
                 _distribute(dx, chunk, pieces)
         dfeatures = [None if not need else parts[0] if len(parts) == 1 else torch.cat(parts, 1)
-                     for need, parts in zip(needs.features, pieces)]
+                     for need, parts in zip(needs["features"], pieces)]
         return (None, None, None, None,
-                torch.cat(head_grads, 1) if needs.head_weight else None,
-                torch.cat(weight_grads) if needs.norm_weight else None,
-                torch.cat(bias_grads) if needs.norm_bias else None,
+                torch.cat(head_grads, 1) if needs["head_weight"] else None,
+                torch.cat(weight_grads) if needs["norm_weight"] else None,
+                torch.cat(bias_grads) if needs["norm_bias"] else None,
                 None, None, *dfeatures)
+
+
+_CHUNKED_NORM_ACT_HEAD_INPUTS = input_names(_ChunkedNormActHead.forward)
 
 
 def _channel_state(weight, bias, saved, spec, like):

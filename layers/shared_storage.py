@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from .abn import ABN, batch_norm_arguments, count_batch
 from .functional import (BackwardSpec, apply_coefficients, check_activation, check_arguments,
-                         needs_input_grad, normalize_activate_backward,
+                         input_names, needs_input_grad, normalize_activate_backward,
                          normalize_activate_into, once_differentiable, reapply_into)
 from .kernels import common
 
@@ -263,9 +263,9 @@ class _ConcatNormActConv(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):
         conv_weight, norm_weight, norm_bias, channel, *features = ctx.saved_tensors
-        needs = needs_input_grad(ctx, _ConcatNormActConv.forward)
-        feature_grad = any(needs.features)
-        norm_grad = channel is not None and (needs.norm_weight or needs.norm_bias)
+        needs = needs_input_grad(ctx, _CONCAT_NORM_ACT_CONV_INPUTS)
+        feature_grad = any(needs["features"])
+        norm_grad = channel is not None and (needs["norm_weight"] or needs["norm_bias"])
         x = _concat(features, ctx.storages)  # recomputed into storage 1
         y = x
         if channel is not None:  # recomputed into storage 2, running statistics untouched
@@ -273,7 +273,7 @@ class _ConcatNormActConv(torch.autograd.Function):
             y = ctx.storages.normalized.view(x.shape, x)
             reapply_into(x, y, apply_coefficients(channel, x.dtype), spec.act, spec.slope)
         dy, dconv = conv_grads(grad_out, y, conv_weight, ctx.stride, ctx.padding,
-                                feature_grad or norm_grad, needs.conv_weight, ctx.conv_dtype)
+                                feature_grad or norm_grad, needs["conv_weight"], ctx.conv_dtype)
         dnorm_weight = dnorm_bias = None
         dx = dy
         if channel is not None and dy is not None:
@@ -281,8 +281,11 @@ class _ConcatNormActConv(torch.autograd.Function):
                 y, dy, x, channel, ctx.backward_spec, input_grad=feature_grad, dz_owned=True)
         dfeatures = (dx.split([f.shape[1] for f in features], 1) if feature_grad
                      else (None,) * len(features))
-        return (None, None, None, None, dconv, dnorm_weight if needs.norm_weight else None,
-                dnorm_bias if needs.norm_bias else None, None, None, *dfeatures)
+        return (None, None, None, None, dconv, dnorm_weight if needs["norm_weight"] else None,
+                dnorm_bias if needs["norm_bias"] else None, None, None, *dfeatures)
+
+
+_CONCAT_NORM_ACT_CONV_INPUTS = input_names(_ConcatNormActConv.forward)
 
 
 def concat_norm_act_conv(features, storages, norm, conv, activation="relu",
