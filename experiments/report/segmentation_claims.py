@@ -59,11 +59,12 @@ BOTTOM_POINTS = {"bottom_cityscapes": "single", "bottom_cityscapes_cus": "single
 TEST_ROWS = {
     "iabn_table2_cityscapes_test": (
         "Cityscapes", "bottom_cityscapes_cus", "ms_flip",
-        "the paper's model is also Mapillary Vistas pre-trained and trained on the 20k "
-        "coarsely annotated images"),
+        "the paper's model, Mapillary Vistas pre-trained and trained on fine + coarse labels, "
+        "is the paper profile's cityscapes_test_model"),
     "iabn_table2_vistas_test": (
         "Mapillary Vistas", "bottom_vistas_cus", "single",
-        "the paper's model is trained on training + validation"),
+        "the paper's model, trained on training + validation, is the paper profile's "
+        "vistas_test_model"),
 }
 
 
@@ -235,8 +236,8 @@ def _test_evaluator(claim_id):
                     f"{evaluation})")
         return Outcome(measured, NOT_RUN, (
             f"a test-set row: the {benchmark} test labels are withheld and only the "
-            f"benchmark server scores test predictions, to which this pipeline submits nothing; "
-            f"{more}"))
+            f"benchmark server scores test predictions; `snakemake iabn_table2_submissions "
+            f"--config profile=paper` writes them for upload; {more}"))
     return evaluate
 
 
