@@ -13,6 +13,7 @@ other experiments "not implemented"), and the file of experiments/rules/ that ho
     densenet_fig4_memory      DenseNet Fig. 4: memory vs depth
     densenet_fig5_time        DenseNet Fig. 5: time per minibatch
     densenet_fig6_imagenet    DenseNet Fig. 6: ImageNet top-1 error of deep DenseNets     training
+    iabn_digits_on_par        InPlace-ABN 'on par' at small scale: real 8x8 digits, seeds
     iabn_table1_imagenet      InPlace-ABN Table 1 left: ImageNet top-1/top-5              training
     iabn_table1_timing        InPlace-ABN Table 1 right: BN+ACT+CONV time and memory
     iabn_table2_capacity      InPlace-ABN Table 2 brackets: crops / crop size in a budget
@@ -178,6 +179,7 @@ include: "experiments/rules/densenet_fig4_memory.smk"
 include: "experiments/rules/densenet_fig5_time.smk"
 include: "experiments/rules/iabn_table2_capacity.smk"
 include: "experiments/rules/whole_step.smk"
+include: "experiments/rules/iabn_digits_on_par.smk"
 include: "experiments/rules/training.smk"
 include: "experiments/rules/segmentation.smk"
 

@@ -29,6 +29,7 @@ EXPERIMENT_POINTS = {
         f"{dataset}_{body}_{norm}_{mode}" for dataset, spec in section["datasets"].items()
         for body in spec["crops"] for norm in ("bn", "iabn") for mode in section["modes"]],
     "whole_step": lambda section: list(section["networks"]),
+    "iabn_digits_on_par": lambda section: [f"seed{seed}" for seed in section["seeds"]],
 }
 #: experiment -> its points simulated on the meta device (rule ``<experiment>_simulated_point``)
 SIMULATED_POINTS = {

@@ -984,6 +984,7 @@ MEASUREMENT_JOBS = {
     "densenet_fig5_time": lambda s: len(s["depths"]),
     "iabn_table2_capacity": lambda s: 2 * len(s["modes"]) * sum(
         len(spec["crops"]) for spec in s["datasets"].values()),
+    "iabn_digits_on_par": lambda s: len(s["seeds"]),
 }
 TRAINING_EXPERIMENTS = ("densenet_fig2_preact", "densenet_fig6_imagenet", "iabn_table1_imagenet")
 

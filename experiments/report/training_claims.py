@@ -8,13 +8,16 @@ setting only if it trained the paper's network for the paper's epochs on the ful
 the measured numbers are still shown. "On par with STD-BN" is such a claim (Table 1's
 ResNeXt-101 at batch 256); the float64 parity of InPlace-ABN and STD-BN + activation is a row
 of its own, an exactness check of the implementation that holds by construction at any scale
-and on any device, and says nothing of accuracy.
+and on any device, and says nothing of accuracy. Its accuracy part is also checked at small
+scale on real images (:mod:`experiments.iabn_digits_on_par`): "consistent at small scale" or
+not, beside the ImageNet row, never in its place.
 """
 import json
 
 from . import training
 from ..train import parity
-from .verdicts import BY_CONSTRUCTION, NOT_MEASURED, Outcome, evaluates, verdict
+from .verdicts import (BY_CONSTRUCTION, CONSISTENT_SMALL_SCALE, NOT_MEASURED, Outcome,
+                       evaluates, verdict)
 
 #: Training images of the released data sets: a run on fewer (the generated smoke sets) is not
 #: at the papers' setting.
@@ -171,6 +174,49 @@ def _trains_on_par(claim, frame):
         return Outcome(measured, NOT_MEASURED, f"{criterion}; {why}")
     return Outcome(measured, verdict(top1["inplace_abn_sync_256"]
                                      >= top1["std_bn_256"] - TOLERANCE_PP), criterion)
+
+
+def on_par_seeds(frame):
+    """Validation accuracy per norm over the seeds of an :mod:`experiments.iabn_digits_on_par`
+    run (its aggregate CSV): one row per norm (``bn``, ``iabn``) with ``seeds``, ``mean``,
+    ``std`` (sample standard deviation over the seeds), ``min`` and ``max``."""
+    table = frame.groupby("norm")["val_accuracy"].agg(
+        seeds="count", mean="mean", std="std", min="min", max="max")
+    return table.reindex([n for n in ("bn", "iabn") if n in table.index])
+
+
+def on_par_within_spread(table):
+    """``(difference, bound, ok)``: InPlace-ABN's mean validation accuracy minus STD-BN's, the
+    seeds' spread (the larger of the two norms' standard deviations over the seeds) and
+    whether the difference lies within it on either side (two-sided: a gain beyond the spread
+    is no more "on par" than a loss)."""
+    difference = table.loc["iabn", "mean"] - table.loc["bn", "mean"]
+    bound = max(table.loc["bn", "std"], table.loc["iabn", "std"])
+    return difference, bound, abs(difference) <= bound
+
+
+@evaluates("iabn_on_par_small_scale")
+def _on_par_small_scale(claim, frame):
+    table = on_par_seeds(frame)
+    criterion = ("criterion: |mean InPlace-ABN - mean STD-BN validation accuracy| at most the "
+                 "larger of the two norms' standard deviations over the seeds (two-sided), "
+                 "the same seeds for both; a small-scale check beside iabn_trains_on_par, "
+                 "whose ImageNet setting it does not replace")
+    if set(table.index) != {"bn", "iabn"} or (table["seeds"] < 2).any():
+        return Outcome("-", NOT_MEASURED, f"{criterion}; the run needs at least two seeds "
+                       "of each norm")
+    seeds = {norm: set(frame.loc[frame["norm"] == norm, "seed"]) for norm in table.index}
+    if seeds["bn"] != seeds["iabn"]:
+        return Outcome("-", NOT_MEASURED, f"{criterion}; the norms' seeds differ: "
+                       f"{sorted(seeds['bn'])} vs {sorted(seeds['iabn'])}")
+    difference, bound, ok = on_par_within_spread(table)
+    epochs = ", ".join(str(int(e)) for e in sorted(set(frame["epochs"])))
+    measured = "; ".join(
+        f"{'STD-BN' if r.Index == 'bn' else 'INPLACE-ABN'} {100 * r.mean:.2f}% ± "
+        f"{100 * r.std:.2f} [{100 * r.min:.2f}, {100 * r.max:.2f}]" for r in table.itertuples())
+    measured += (f"; difference {100 * difference:+.2f} pp vs spread {100 * bound:.2f} pp "
+                 f"({int(table.loc['bn', 'seeds'])} seeds, {epochs} epochs, real 8x8 digits)")
+    return Outcome(measured, verdict(ok, CONSISTENT_SMALL_SCALE), criterion)
 
 
 @evaluates("iabn_float64_parity")
