@@ -43,13 +43,11 @@ warm-up rounds) the record holds:
   under ``torch.profiler`` ``norm_ops_per_call`` (ATen operators dispatched per call, none
   counted inside another) and, on CUDA, ``norm_launches_per_call`` (kernel launches, runtime
   or driver API) and ``norm_device_us_per_call``. The host times come from a step without the
-  profiler, whose own cost per operator would inflate them. DenseNet's shared routes run the
-  dense layers' norms inside one autograd function with the concatenation and the
-  convolution, not as module calls: there the share counts the norm modules called as modules
-  (``norm_calls`` says how many) and understates the norms' part. The modules called differ
-  between contenders (``shared`` with ``iabn`` calls the in-place norm over each bottleneck
-  convolution's output as a module, with ``bn`` it fuses it too), so DenseNet's shares are not
-  comparable across contenders, and its goal comes down to "no slower".
+  profiler, whose own cost per operator would inflate them. The memory-efficient DenseNet
+  routes compute their norms without calling them as modules, and :mod:`layers.densenet` runs
+  a step whose norms carry module hooks as the naive implementation (so that the hooks see
+  every call): DenseNet's norm fields are those of the same network's naive step, every norm a
+  module call, while its time and memory fields are the shared routes'.
 
 The goal (:data:`CPU_GOAL`, this project's, not a paper's) is judged per ``iabn`` row of an
 eager CPU run: ``goal_bound`` is the largest ``time_vs_bn`` that meets it, ``goal_met`` whether

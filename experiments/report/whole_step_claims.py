@@ -72,8 +72,8 @@ def goal_lines(artifacts):
              f"InPlace-ABN's is {block_figure(artifacts)}. The goal is this project's "
              "(experiments/whole_step.py, `CPU_GOAL`): on the CPU no slower than STD-BN, and "
              "faster by at least half of what the layer's own speedup in the step would give "
-             "at STD-BN's norm share. The share counts norm module calls (DenseNet's shared "
-             "routes fuse the dense layers' norms with their convolution: not counted)."]
+             "at STD-BN's norm share. The share counts norm module calls, forward and backward "
+             "(DenseNet's: in the naive route, which a step with hooks on its norms takes)."]
     runs = paths.runs_of(EXPERIMENT, artifacts)
     if not runs:
         return lines + ["", "No whole-step run yet."]
