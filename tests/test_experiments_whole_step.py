@@ -11,7 +11,7 @@ import torch.nn as nn
 from experiments import whole_step
 from experiments.records import paths
 from experiments.report import whole_step_claims
-from layers import InPlaceABN
+from layers import InPlaceABN, densenet_bc
 from layers.residual import BatchNormAct2d
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,6 +114,19 @@ def test_norm_calls_enclose_each_forward_and_the_backward_nodes_it_created():
     assert len(events) == 6 and all(e == "enter" for e in events[::2])
     # no hook is left on the modules
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+@pytest.mark.parametrize("impl, norm", [("shared", "bn"), ("shared", "iabn"),
+                                        ("shared_inplace", "iabn")])
+def test_every_densenet_norm_is_a_timed_call(impl, norm):
+    """The memory-efficient routes compute their norms without calling them as modules, but
+    a step with hooks on them runs as the naive implementation: every norm is then timed."""
+    model = densenet_bc(10, 2, impl=impl, norm=norm)
+    clock = whole_step.NormCalls.clock(model)
+    with clock:
+        model(torch.randn(2, 3, 8, 8)).sum().backward()
+    assert clock.calls == len(clock.modules) > 0
+    assert clock.seconds > 0
 
 
 def test_nodes_between_stops_at_the_input_and_leaves_out_parameters():
