@@ -754,15 +754,18 @@ def normalize_activate_backward(z, dz, x, channel, spec, input_grad=True, poison
     reuse_dz = dz_owned or not dz_in_layout  # owned, or a copy made here
     x_view = None if x is None else _view(x, layout)
     if whole_steps(spec.group) and spec.param_dtype in STEP_VECTOR_DTYPES:
-        if input_grad and not reuse_dz:
-            dz_view = dz_view.clone()
-        step = ops.backward_step_ if input_grad else ops.parameter_gradients_step
-        dweight, dbias = step(z_view, dz_view, x_view, channel, spec.act, spec.slope,
-                              spec.mode, spec.training, spec.param_dtype, spec.has_weight,
-                              spec.has_bias, poison)
+        backward = (x_view, channel, spec.act, spec.slope, spec.mode, spec.training,
+                    spec.param_dtype, spec.has_weight, spec.has_bias, poison)
         dx = None
-        if input_grad:  # written over dz itself where dz is owned and in the layout
+        if not input_grad:
+            dweight, dbias = ops.parameter_gradients_step(z_view, dz_view, *backward)
+        elif reuse_dz:  # written over dz itself where dz is owned and in the layout
+            dweight, dbias = ops.backward_step_(z_view, dz_view, *backward)
             dx = dz if dz_owned and dz_in_layout else _unview(dz_view, layout, z.shape)
+        else:  # into a new tensor, in the pass that reads dz: no copy of dz first
+            dx_view = torch.empty_like(dz_view)
+            dweight, dbias = ops.backward_step_out(z_view, dz_view, dx_view, *backward)
+            dx = _unview(dx_view, layout, z.shape)
         return (dx, dweight if spec.has_weight else None, dbias if spec.has_bias else None)
     compute = codecs.compute_dtype(z.dtype)
     variant_y = spec.mode == common.MODE_Y

@@ -285,12 +285,13 @@ def _(x, out, weight, bias, running_mean, running_var, training, momentum, eps, 
 
 
 def _backward_step(z, dz, x, state, act, slope, v_mode, training, input_grad, param_dtype,
-                   has_weight, has_bias, poison):
-    """The backends' ``backward_step``, with an empty tensor for a gradient left out (an
-    operator returns tensors, never ``None``)."""
+                   has_weight, has_bias, poison, out=None):
+    """The backends' ``backward_step`` (the input gradient into ``out``, or over ``dz`` where
+    ``out`` is None), with an empty tensor for a gradient left out (an operator returns
+    tensors, never ``None``)."""
     dweight, dbias = backend(z).backward_step(z, dz, x, state, act, slope, v_mode, training,
                                               input_grad, param_dtype, has_weight, has_bias,
-                                              **_guard("poison", poison))
+                                              out=out, **_guard("poison", poison))
     if dweight is None:
         dweight = state.new_empty(0, dtype=param_dtype)
     if dbias is None:
@@ -311,6 +312,18 @@ def backward_step_(z: Tensor, dz: Tensor, x: Optional[Tensor], state: Tensor, ac
                           has_weight, has_bias, poison)
 
 
+@_operator(("out",))
+def backward_step_out(z: Tensor, dz: Tensor, out: Tensor, x: Optional[Tensor], state: Tensor,
+                      act: int, slope: float, v_mode: int, training: bool,
+                      param_dtype: torch.dtype, has_weight: bool, has_bias: bool,
+                      poison: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """:func:`backward_step_` with the input gradient written into ``out`` (a view shaped like
+    ``dz``, not overlapping it) in the same pass that reads ``dz``, which is left as it was:
+    for an incoming gradient that others may hold, without a copy of it first."""
+    return _backward_step(z, dz, x, state, act, slope, v_mode, training, True, param_dtype,
+                          has_weight, has_bias, poison, out)
+
+
 @_operator(())
 def parameter_gradients_step(z: Tensor, dz: Tensor, x: Optional[Tensor], state: Tensor,
                              act: int, slope: float, v_mode: int, training: bool,
@@ -321,17 +334,29 @@ def parameter_gradients_step(z: Tensor, dz: Tensor, x: Optional[Tensor], state: 
                           has_weight, has_bias, poison)
 
 
+def _parameter_gradients(z, state, param_dtype, has_weight, has_bias):
+    """The fake ``(dweight, dbias)`` of a backward step operator on the view ``z``."""
+    _channels(z)
+    return tuple(state.new_empty(state.shape[1] if present else 0, dtype=param_dtype)
+                 for present in (has_weight, has_bias))
+
+
 @backward_step_.register_fake
 @parameter_gradients_step.register_fake
 def _(z, dz, x, state, act, slope, v_mode, training, param_dtype, has_weight, has_bias,
       poison=None):
-    _channels(z)
-    return tuple(state.new_empty(state.shape[1] if present else 0, dtype=param_dtype)
-                 for present in (has_weight, has_bias))
+    return _parameter_gradients(z, state, param_dtype, has_weight, has_bias)
+
+
+@backward_step_out.register_fake
+def _(z, dz, out, x, state, act, slope, v_mode, training, param_dtype, has_weight, has_bias,
+      poison=None):
+    return _parameter_gradients(z, state, param_dtype, has_weight, has_bias)
 
 
 #: Every per-kernel operator of this module, for tests and ``torch.library.opcheck``.
 OPERATORS = (moments, moments_normalize_act_, moments_normalize_act_out, scale_shift_act_,
              scale_shift_act_out, backward_reduce, backward_input, backward_input_)
 #: The whole-step operators.
-STEP_OPERATORS = (forward_step_, forward_step_out, backward_step_, parameter_gradients_step)
+STEP_OPERATORS = (forward_step_, forward_step_out, backward_step_, backward_step_out,
+                  parameter_gradients_step)

@@ -164,17 +164,19 @@ def step_samples(x, rand, act, slope):
         has = (vectors[0] is not None, vectors[1] is not None)
         for mode in (common.MODE_Y, common.MODE_XHAT_FROM_Y):
             backward = (act, slope, mode, training, torch.float32, *has)
-            for op, grad in ((ops.backward_step_, dz.clone()),
-                             (ops.parameter_gradients_step, dz)):
+            for op, grad in ((ops.backward_step_, (dz.clone(),)),
+                             (ops.backward_step_out, (dz, torch.empty_like(dz))),
+                             (ops.parameter_gradients_step, (dz,))):
                 yield op, functools.partial(after_forward_step, x, vectors, step, grad, backward)
 
 
-def after_forward_step(x, vectors, step, grad, backward):
+def after_forward_step(x, vectors, step, grads, backward):
     """The arguments of a backward step operator: ``z`` and the state of a forward step of
-    ``x`` (``x`` untouched), the incoming gradient ``grad`` and the rest (``backward``)."""
+    ``x`` (``x`` untouched), the incoming gradient (and the output: ``grads``) and the rest
+    (``backward``)."""
     z = x.clone()
     state = ops.forward_step_(z, *(clone(v) for v in vectors), *step)
-    return (z, grad, None, state, *backward)
+    return (z, *grads, None, state, *backward)
 
 
 def clone(t):
@@ -366,7 +368,7 @@ def test_a_step_on_meta_or_under_a_dispatch_mode_is_one_operator_each_way(affine
         out = layer(x * 1.0)
         out.backward(torch.empty_like(out))
     layer_ops = [name for name in seen if name.startswith("layers.")]
-    assert layer_ops == ["layers.forward_step_", "layers.backward_step_"]
+    assert layer_ops == ["layers.forward_step_", "layers.backward_step_out"]
     assert not {"aten.stack", "aten.abs", "aten.rsqrt", "aten.where"} & set(seen)
     if affine:
         assert layer.weight.grad.shape == layer.bias.grad.shape == (3,)

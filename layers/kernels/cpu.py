@@ -20,7 +20,8 @@ read hitting cache (the statistics read four of a channel's rows at a time, four
 streams instead of one; a block of channels with short rows is read as long contiguous runs,
 see :func:`_channel_block`). The whole backward step (:func:`backward_step`) does the same per
 block of channels: the reductions read the output and the incoming gradient from memory, the
-input gradient reads them again from cache and writes over the incoming gradient. On 16-bit
+input gradient reads them again from cache and writes over the incoming gradient, or into a
+new tensor in that same pass where the caller does not own the incoming gradient. On 16-bit
 data in long rows, both steps prefetch the next block of channels while they write a block's
 output or input gradient, so the memory works while the element conversions keep the core busy
 (:func:`_prefetch_ahead`). The separate
@@ -217,6 +218,18 @@ def _pointer(typingctx, address, element):
     def codegen(context, builder, signature, args):
         return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
     return types.CPointer(element)(address, element), codegen
+
+
+def _row(array, i, j):
+    """The row ``array[i, j]``, or None where ``array`` is None: with :func:`_target`, a row
+    written in place is the very value read (``_target(_row(out, i, j), row)``)."""
+
+
+@overload(_row, inline="always")
+def _row_overload(array, i, j):
+    if isinstance(array, (types.NoneType, types.Omitted)):
+        return lambda array, i, j: None
+    return lambda array, i, j: array[i, j]
 
 
 def _array_at(address, shape, element):
@@ -1310,24 +1323,28 @@ def _forward_step_ncs_inplace(act):
 def _backward_step_ncs(act, mode):
     from_x = mode == MODE_XHAT_FROM_X
 
-    def kernel(z, dz, x, shape, element, state, training, variant_y, slope, floor, block, ahead,
-               coef, dweight, dbias):
+    def kernel(z, dz, out, x, shape, element, state, training, variant_y, slope, floor, block,
+               ahead, coef, dweight, dbias):
         """The backward per block of ``block`` consecutive channels (blocks in parallel):
         ``v``'s coefficients (``variant_y``: ``MODE_Y``, which this kernel of
         ``MODE_XHAT_FROM_Y`` runs with ``p = 1``, ``q = 0``), the reductions, the per-channel
-        gradients and, unless ``coef`` is None, the input gradient over ``dz`` while the block
-        is in cache (its element-wise arithmetic compiled with the reductions' reassociation,
-        so it may differ from :func:`_backward_input_ncs` in the last bit).
+        gradients and, unless ``coef`` is None, the input gradient while the block is in cache
+        (its element-wise arithmetic compiled with the reductions' reassociation, so it may
+        differ from :func:`_backward_input_ncs` in the last bit): into ``out``, an array of
+        ``shape`` that does not overlap ``dz``, in the same pass that reads ``dz`` (no copy of
+        it first), or over ``dz`` where ``out`` is None (:func:`_target`: one array read and
+        written, not two that alias).
         Each channel's sums run over its rows in the order of the batch, as in
         :func:`_reduce_ncs`, whatever ``block`` is. While it writes a block's input gradient
         it prefetches, with each row, the rows ``ahead`` channels on of ``z``, ``dz`` and (in
         ``MODE_XHAT_FROM_X``) ``x``, as :func:`_moments_normalize_ncs` does (all three of
         ``shape``, so one distance, :func:`_elements_ahead`, serves them). ``z``, ``dz`` and
-        ``x`` arrive as addresses (:func:`_address`) of arrays of ``shape`` with elements of
-        ``element``'s type, ``state`` as an address of its (6, C) float64 values."""
+        ``x`` (and ``out``) arrive as addresses (:func:`_address`) of arrays of ``shape`` with
+        elements of ``element``'s type, ``state`` as an address of its (6, C) float64 values."""
         n, c, _ = shape
         z, dz, x = (_array_at(z, shape, element), _array_at(dz, shape, element),
                     _array_at(x, shape, element))
+        out = _array_at(out, shape, element)
         state = _array_at(state, (6, c), np.float64(0))
         pq = compute_empty((2, c), z)
         _channel_value_coefficients(state, from_x, variant_y, pq)
@@ -1350,8 +1367,8 @@ def _backward_step_ncs(act, mode):
                     for j in range(first, last):
                         grad = dz[i, j]
                         _input_row(z[i, j], grad, x[i, j], pq[0, j], pq[1, j], coef[0, j],
-                                   coef[1, j], coef[2, j], act, slope, floor, mode, grad,
-                                   _elements_ahead(z, j, ahead))
+                                   coef[1, j], coef[2, j], act, slope, floor, mode,
+                                   _target(_row(out, i, j), grad), _elements_ahead(z, j, ahead))
     return kernel
 
 
@@ -1398,10 +1415,12 @@ def forward_step(x, out, weight, bias, running_mean, running_var, training, mome
 
 
 def backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param_dtype,
-                  has_weight, has_bias):
+                  has_weight, has_bias, out=None):
     """The backward of BN + activation on canonical views, given the forward's ``state``.
 
-    Writes the input gradient over ``dz`` if ``input_grad``; returns ``(dweight, dbias)``,
+    Writes the input gradient if ``input_grad``: into ``out``, a view shaped like ``dz`` that
+    does not overlap it (``dz`` is only read), or over ``dz`` where ``out`` is None or ``dz``
+    itself (for a caller that owns ``dz``); returns ``(dweight, dbias)``,
     tensors of ``param_dtype`` (float32 or float64; ``None`` where ``has_weight`` /
     ``has_bias`` is false). ``x`` is only read in ``MODE_XHAT_FROM_X`` (``None`` otherwise:
     ``v`` is recovered from ``z``); ``training``: whether the forward used batch statistics.
@@ -1412,8 +1431,10 @@ def backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param
     gradient_dtype = _NUMPY_DTYPES[param_dtype]
     dweight = np.empty(channels, gradient_dtype) if has_weight else None
     dbias = np.empty(channels, gradient_dtype) if has_bias else None
+    if out is not None and (not input_grad or _in_place(out, dz)):
+        out = None  # nothing written, or written over dz: the in-place kernel
     if (z.dim() == 3 and not _empty(z) and state.dtype is torch.float64
-            and _addressable(z, dz, x, state)):
+            and _addressable(z, dz, x, state, out)):
         tensors = 2 if x is None else 3  # z, dz (and x)
         shape = tuple(z.shape)
         block, ahead = _blocks(shape, z.element_size(), tensors, _follow_torch_threads())
@@ -1421,19 +1442,22 @@ def backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param
         # MODE_Y runs the MODE_XHAT_FROM_Y kernel with p = 1, q = 0 (variant_y)
         _launch(
             _backward_step_ncs[act, _compiled_mode(mode)], z_address, dz.data_ptr(),
-            z_address if x is None else x.data_ptr(), shape, element, state.data_ptr(),
+            _address(out), z_address if x is None else x.data_ptr(), shape, element,
+            state.data_ptr(),
             bool(training), mode == MODE_Y,
             codecs.compute_scalar(slope, element), _elu_floor(z), block,
             ahead if input_grad else 0, coef, dweight, dbias)
     else:
-        _backward_passes(z, dz, x, _np(state), act, slope, mode, training, coef, dweight, dbias)
+        _backward_passes(z, dz, x, _np(state), act, slope, mode, training, coef, dweight, dbias,
+                         dz if out is None else out)
     return _optional_tensor(dweight), _optional_tensor(dbias)
 
 
-def _backward_passes(z, dz, x, state, act, slope, mode, training, coef, dweight, dbias):
+def _backward_passes(z, dz, x, state, act, slope, mode, training, coef, dweight, dbias, out):
     """:func:`backward_step` on views the whole-step kernel does not take: the reductions, the
     per-channel gradients into ``coef``, ``dweight``, ``dbias`` (arrays, or None), and the input
-    gradient over ``dz`` unless ``coef`` is None, one kernel after the other."""
+    gradient into ``out`` (``dz`` itself, or a copy of it made there first:
+    :func:`backward_input`) unless ``coef`` is None, one kernel after the other."""
     channels = z.shape[1]
     from_x, variant_y = mode == MODE_XHAT_FROM_X, mode == MODE_Y
     kernel_mode = _compiled_mode(mode)  # variant_y: p = 1, q = 0 (_channel_value_coefficients)
@@ -1445,8 +1469,8 @@ def _backward_passes(z, dz, x, state, act, slope, mode, training, coef, dweight,
     sums = _backward_sums(z, za, dza, xa, p, q, act, slope, kernel_mode)
     _channel_gradients(state, sums, bool(training), variant_y, coef, dweight, dbias, 0,
                        channels)
-    if coef is not None and not _empty(z):
-        _input_gradient_in_place(z, za, dza, xa, p, q, coef, act, slope, kernel_mode)
+    if coef is not None:
+        backward_input(z, dz, xa, p, q, coef, act, slope, kernel_mode, out)
 
 
 #: numpy dtypes of the parameter gradients of :func:`backward_step`.

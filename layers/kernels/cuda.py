@@ -809,10 +809,13 @@ def forward_step(x, out, weight, bias, running_mean, running_var, training, mome
 
 
 def backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param_dtype,
-                  has_weight, has_bias, poison=None):
+                  has_weight, has_bias, poison=None, out=None):
     """The backward of BN + activation on canonical views, given the forward's ``state``.
 
-    Writes the input gradient over ``dz`` if ``input_grad``; returns ``(dweight, dbias)``,
+    Writes the input gradient if ``input_grad``: into ``out``, a view shaped like ``dz`` that
+    does not overlap it, or over ``dz`` where ``out`` is None (each thread reads an element of
+    ``dz`` before it writes the same element of the output, so either is one pass); returns
+    ``(dweight, dbias)``,
     tensors of ``param_dtype`` (float32 or float64; ``None`` where ``has_weight`` /
     ``has_bias`` is false). ``x`` is only read in ``MODE_XHAT_FROM_X`` (``None`` otherwise:
     ``v`` is recovered from ``z``); ``training``: whether the forward used batch statistics;
@@ -847,7 +850,8 @@ def backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param
             placeholder if dbias is None else dbias)
     if input_grad and z.numel():
         _launch(_grad_input_3d if z.dim() == 3 else _grad_input_2d, grid, block, device, z, dz,
-                x, pq[0], pq[1], coef, int(act), _scalar(z, slope), floor, int(mode), span, dz)
+                x, pq[0], pq[1], coef, int(act), _scalar(z, slope), floor, int(mode), span,
+                dz if out is None else out)
     return dweight, dbias
 
 
