@@ -22,6 +22,7 @@ DenseNet-264 and WideResNet-38 the same, the latter with a linear decay from 0.1
 scaled to a shorter side of 256, random 224 crops, per-channel normalisation and the colour
 augmentation of ResNeXt; leaky ReLU (slope 0.01) everywhere.
 """
+import functools
 import json
 import sys
 from pathlib import Path
@@ -34,7 +35,8 @@ EXPERIMENT = "iabn_table1_imagenet"
 PARITY = "parity"
 
 
-def parse_parity_args(argv):
+def parity_parser():
+    """The parity command's argument parser."""
     p = record.parser(f"{EXPERIMENT} {PARITY}", "Train a network with STD-BN + leaky ReLU and "
                       "with InPlace-ABN side by side in float64 and record both loss curves.",
                       timed=False)
@@ -47,6 +49,11 @@ def parse_parity_args(argv):
     p.add_argument("--crop", type=int, default=224)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=record.SEED)
+    return p
+
+
+def parse_parity_args(p, argv):
+    """Parse and check the parity command's ``argv`` with its parser ``p``."""
     args = p.parse_args(argv)
     record.check(p, args, positive=("steps", "batch", "resize", "crop"))
     if args.dtype != "float64":
@@ -91,7 +98,12 @@ def summarize_parity(config, results):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == [PARITY]:
-        record.main(EXPERIMENT, parse_parity_args, run_parity, summarize_parity, argv[1:])
+        p = parity_parser()
+        try:
+            record.main(EXPERIMENT, functools.partial(parse_parity_args, p), run_parity,
+                        summarize_parity, argv[1:])
+        except point.USER_ERRORS as error:  # bad data: its message, not a traceback
+            point.exit_with_message(p, error)
         return
     point.main(EXPERIMENT, "Train an ImageNet network with STD-BN or InPlace-ABN (InPlace-ABN "
                            "paper, Table 1 left).", argv, datasets=("imagenet",))

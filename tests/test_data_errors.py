@@ -170,3 +170,19 @@ def test_verify_decodes_every_imagenet_image(tmp_path):
     val = ImageNet(root, "val", verify=True)  # the header check passes
     with pytest.raises(DatasetLayoutError, match=str(image)):
         val.verify()
+
+
+def test_the_parity_command_ends_a_data_error_with_one_line(tmp_path):
+    """The parity command (``iabn_table1_imagenet parity``) reads ImageNet as the training
+    points do: a missing class folder ends it with the loader's message, not a traceback."""
+    (tmp_path / "imagenet" / "train").mkdir(parents=True)  # a train/ without class folders
+    done = subprocess.run(
+        [sys.executable, "-m", "experiments.iabn_table1_imagenet", "parity",
+         "--data", str(tmp_path / "imagenet"), "--model", "resnext101", "--steps", "1",
+         "--out", str(tmp_path / "parity.json")],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error:" in lines[0] and "imagenet" in lines[0], done.stderr
+    assert not (tmp_path / "parity.json").exists()
