@@ -18,7 +18,8 @@ Both backends also run a layer's whole forward and whole backward as one call ea
     forward_step(x, out, weight, bias, running_mean, running_var, training, momentum, eps,
                  act, slope, abs_mode) -> (6, C) float64 per-channel state
     backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param_dtype,
-                  has_weight, has_bias) -> (dweight, dbias)   # input gradient over dz
+                  has_weight, has_bias, out=None) -> (dweight, dbias)
+                  # input gradient into out (dz left as it was), or over dz where out is None
 
 the kernels above and the per-channel arithmetic around them (:mod:`layers.kernels.per_channel`)
 back to back: compiled loops over the channels on the CPU, kernels of one thread per channel on

@@ -1443,8 +1443,7 @@ def backward_step(z, dz, x, state, act, slope, mode, training, input_grad, param
         _launch(
             _backward_step_ncs[act, _compiled_mode(mode)], z_address, dz.data_ptr(),
             _address(out), z_address if x is None else x.data_ptr(), shape, element,
-            state.data_ptr(),
-            bool(training), mode == MODE_Y,
+            state.data_ptr(), bool(training), mode == MODE_Y,
             codecs.compute_scalar(slope, element), _elu_floor(z), block,
             ahead if input_grad else 0, coef, dweight, dbias)
     else:
