@@ -173,6 +173,9 @@ def test_claims_no_point_measures_are_not_measured_and_say_what_it_takes(artifac
         "PyTorch: DenseNet-BC-100, batch 64: shared storage +18.0% time over naive")
     assert _outcomes(artifacts, "densenet_luatorch_340_layers")["smoke-cpu"].measured == (
         "simulated tensor memory, 12 GiB: PyTorch shared fits 496 layers, not 502")
+    for claim_id in ("densenet_shared_gradient_no_time_cost", "densenet_bn_time_share"):
+        # no evaluator of their own: the run's points are not shown as their measurement
+        assert _outcomes(artifacts, claim_id)["paper-cuda"].measured == "-", claim_id
 
 
 # --------------------------------------------------------------------------- Fig. 1, Table 1

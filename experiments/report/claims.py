@@ -788,6 +788,12 @@ def not_planned(claim, measured="-"):
                    f"{claim['not_planned']}")
 
 
+def _unplanned(claim, frame):
+    """The evaluator of a claim with ``not_planned`` and none of its own: the run's points say
+    nothing of it, so nothing of them is shown as its measurement."""
+    return not_planned(claim)
+
+
 def evaluate(claim, artifacts):
     """``[(run, device_name, Outcome)]`` for every run of the claim's experiment; a claim
     with ``not_planned`` and no evaluator of its own gets :func:`not_planned`."""
@@ -798,7 +804,7 @@ def evaluate(claim, artifacts):
             return [("-", "-", Outcome("-", NOT_IMPLEMENTED, f"no experiments/{experiment}.py "
                                        "(and so no Snakemake rule) yet"))]
         return [("-", "-", Outcome("-", NOT_RUN, f"no {experiment} results yet"))]
-    evaluator = EVALUATORS.get(claim["id"], not_planned if "not_planned" in claim else None)
+    evaluator = EVALUATORS.get(claim["id"], _unplanned if "not_planned" in claim else None)
     if evaluator is None:
         raise LookupError(f"claim {claim['id']!r}: {experiment} has results ({runs}) but "
                           "experiments/report/claims.py has no evaluator for it")
