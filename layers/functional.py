@@ -292,7 +292,11 @@ def _check_writable(x):
 def _overlapping(x):
     """Whether two elements of ``x`` may share memory: its dimensions of size > 1, taken by
     increasing stride, must each step over all the memory that the smaller ones span (a
-    sufficient test, exact for every layout that views, slices and permutes make)."""
+    sufficient test, exact for every layout that views, slices and permutes make). A
+    contiguous tensor, the common input, is answered without sorting its strides: this runs
+    in every in-place forward."""
+    if x.is_contiguous():
+        return False
     span = 1
     for stride, size in sorted((st, sz) for sz, st in zip(x.shape, x.stride()) if sz > 1):
         if stride < span:
@@ -858,7 +862,7 @@ class _ABN(torch.autograd.Function):
     def backward(ctx, dz):
         x, z, channel = ctx.saved_tensors
         grads = normalize_activate_backward(z, dz, x, channel, ctx.spec,
-                                            needs_input_grad(ctx, _ABN_INPUTS)["x"])
+                                            ctx.needs_input_grad[_ABN_X])
         return grads + (None,) * 9
 
 
@@ -886,13 +890,16 @@ class _InPlaceABN(torch.autograd.Function):
             poison = ctx.check.flag  # not known on the host yet: read after this backward
             _settle_after_backward(ctx.check)
         grads = normalize_activate_backward(z, dz, None, channel, ctx.spec,
-                                            needs_input_grad(ctx, _IN_PLACE_ABN_INPUTS)["x"],
+                                            ctx.needs_input_grad[_IN_PLACE_ABN_X],
                                             poison)
         return grads + (None,) * 11
 
 
-_ABN_INPUTS = input_names(_ABN.forward)
-_IN_PLACE_ABN_INPUTS = input_names(_InPlaceABN.forward)
+#: Where ``x`` is among the forwards' inputs, for ``ctx.needs_input_grad``: found by name
+#: once, so a backward stays right when an argument is added or moved, without building
+#: :func:`needs_input_grad`'s dict per backward.
+_ABN_X = input_names(_ABN.forward)[0].index("x")
+_IN_PLACE_ABN_X = input_names(_InPlaceABN.forward)[0].index("x")
 
 
 def abn(input, weight=None, bias=None, running_mean=None, running_var=None, training=True,
