@@ -252,13 +252,14 @@ def test_notebook_renders_figure_and_table(artifact_set, tmp_path):
                           "--artifacts", str(artifact_set), "--out", str(out)])
     assert status == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        f"{EXPERIMENT}.{s}" for s in ("md", "pdf", "png", "tex"))
+        f"{EXPERIMENT}.{s}" for s in ("html", "md", "pdf", "png", "tex"))
     assert (out / f"{EXPERIMENT}.png").read_bytes().startswith(b"\x89PNG")
     assert (out / f"{EXPERIMENT}.pdf").read_bytes().startswith(b"%PDF")
     markdown = (out / f"{EXPERIMENT}.md").read_text()
     assert "| INPLACE-ABN, FIXED CROP |" in markdown and "ResNeXt-101" in markdown
     assert "%]" in markdown  # the bracket
     assert "\\begin{tabular}" in (out / f"{EXPERIMENT}.tex").read_text()
+    assert "<table>" in (out / f"{EXPERIMENT}.html").read_text()  # the report's table
 
 
 def test_notebook_renders_a_data_set_whose_chain_has_fewer_bodies(artifact_set, tmp_path):
