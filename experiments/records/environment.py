@@ -16,15 +16,20 @@ from .lock import describe_install
 from .paths import REPO_ROOT
 
 
-def git_commit(root=REPO_ROOT):
-    """``git rev-parse HEAD`` in ``root``, or ``None`` (no git, not a checkout, no commit)."""
+def git_output(arguments, root=REPO_ROOT, timeout=10):
+    """The stripped output of ``git <arguments>`` run in ``root``, or ``None`` where git is
+    missing, fails or times out (no git, not a checkout)."""
     try:
-        result = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                                text=True, timeout=10, check=False)
+        result = subprocess.run(["git", *arguments], cwd=root, capture_output=True, text=True,
+                                timeout=timeout, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
-    commit = result.stdout.strip()
-    return commit if result.returncode == 0 and commit else None
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def git_commit(root=REPO_ROOT):
+    """``git rev-parse HEAD`` in ``root``, or ``None`` (no git, not a checkout, no commit)."""
+    return git_output(["rev-parse", "HEAD"], root) or None
 
 
 def _cpu_model():
@@ -106,4 +111,4 @@ def describe_environment(device="cpu"):
     }
 
 
-__all__ = ["describe_environment", "git_commit", "REPO_ROOT"]
+__all__ = ["describe_environment", "git_commit", "git_output", "REPO_ROOT"]

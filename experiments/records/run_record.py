@@ -29,7 +29,6 @@ import csv
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 from importlib import metadata
@@ -41,7 +40,7 @@ import torch
 from ..report.html_page import markdown_to_html
 from . import forkserver, paths
 from .atomic import atomic_path, write_json_atomic
-from .environment import describe_environment
+from .environment import describe_environment, git_output
 from .paths import REPO_ROOT
 
 #: The columns of a Snakemake benchmark file the record reads: wall seconds, CPU seconds and
@@ -146,13 +145,8 @@ def invocation_times(pid):
 
 def _git_dirty(root=REPO_ROOT):
     """Whether tracked files of the checkout differ from its commit; ``None`` without git."""
-    try:
-        result = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                                cwd=root, capture_output=True, text=True, timeout=30,
-                                check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return bool(result.stdout.strip()) if result.returncode == 0 else None
+    status = git_output(["status", "--porcelain", "--untracked-files=no"], root, timeout=30)
+    return None if status is None else bool(status)
 
 
 def _gpus():
