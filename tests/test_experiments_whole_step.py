@@ -162,6 +162,10 @@ def test_goal_is_never_looser_than_no_slower(time_vs_bn, met):
     (["--network", "resnext101", "--modes", "eager", "compile", "--warmup", "0"],
      "--modes compile needs --warmup >= 1"),
     (["--network", "resnext101", "--variants", "I", "I"], "each at most once"),
+    (["--network", "resnext101", "--modes", "eager", "graphs", "--warmup", "0"],
+     "--modes graphs needs --warmup >= 1"),
+    (["--network", "resnext101", "--modes", "eager", "graphs"],
+     "--modes graphs needs --device cuda (a CUDA graph), got --device cpu"),
 ])
 def test_bad_arguments_are_refused_by_name(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exit:
@@ -198,3 +202,49 @@ def test_claims_section_reads_every_run_beside_the_paper_block_figure(tmp_path):
     text = "\n".join(whole_step_claims.goal_lines(tmp_path))
     assert "+0.8-2% time" in text and "Not a paper's claim" in text
     assert "| test-cpu | resnext101 | iabn II | eager | 2 | +5.0% |" in text
+
+
+def test_graphed_step_refuses_a_cpu_step():
+    step = whole_step.TrainingStep.build(whole_step.contenders("resnext101")[0], 0.03125, 3,
+                                         (2, 3, 8, 8), torch.device("cpu"), torch.float32)
+    with pytest.raises(ValueError, match="graphs mode needs a CUDA device, got cpu"):
+        step.in_mode("graphs")
+
+
+def test_norm_fields_come_from_the_hooked_step_of_median_norm_time(monkeypatch):
+    """One hooked step's norm time is as noisy as one timed step: the fields are those of the
+    median of :data:`whole_step.NORM_STEPS`, its share from that same step."""
+    samples = iter([(0.5, 2.0, 10, 10), (0.1, 1.0, 10, 10), (0.3, 1.5, 10, 10)])
+    monkeypatch.setattr(whole_step, "NORM_STEPS", 3)
+    monkeypatch.setattr(whole_step, "_hooked_step", lambda step, device: next(samples))
+    model = _Tiny()
+    step = whole_step.TrainingStep(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                   torch.randn(2, 3, 4, 4), torch.zeros(2, dtype=torch.long),
+                                   lambda x: model(x).mean((2, 3)))
+    fields = whole_step.norm_fields(step, torch.device("cpu"))
+    assert fields["norm_s"] == 0.3 and fields["hooked_step_s"] == 1.5
+    assert fields["norm_share"] == pytest.approx(0.2)
+    assert fields["norm_host_us_per_call"] == pytest.approx(0.3e6 / 10)
+    assert fields["norm_calls"] == fields["norm_modules"] == 10
+
+
+@pytest.mark.parametrize("network, mode, time_vs_bn, expected", [
+    ("resnext101", "graphs", 1.02, (1.02, True)), ("resnext101", "graphs", 1.021, (1.02, False)),
+    ("resnext101", "eager", 1.05, (1.05, True)), ("resnext101", "eager", 1.051, (1.05, False)),
+    ("resnext101", "compile", 1.0, (None, None)), ("wideresnet38", "graphs", 1.0, (None, None)),
+])
+def test_gpu_goal_each_side_of_its_bound(network, mode, time_vs_bn, expected):
+    assert whole_step.gpu_goal(network, {"mode": mode, "time_vs_bn": time_vs_bn}) == expected
+
+
+def test_compare_judges_cpu_rows_by_the_cpu_goal_and_cuda_rows_by_the_gpu_goal():
+    def records():
+        common = {"activation_peak_bytes": None, "norm_share": 0.4, "norm_s": 1.0}
+        return [{**common, "norm": "bn", "mode": "eager", "median_s": 1.0},
+                {**common, "norm": "iabn", "mode": "eager", "median_s": 1.03}]
+    cpu = whole_step.compare(records(), "cpu", "resnext101")
+    assert [r["goal_met"] for r in cpu] == [None, False]  # the CPU goal: no slower
+    cuda = whole_step.compare(records(), "cuda", "resnext101")
+    assert [r["goal_met"] for r in cuda] == [None, True]  # the GPU goal, eager: +5%
+    assert cuda[1]["goal_bound"] == 1.05
+    assert whole_step.compare(records(), "cuda", "wideresnet38")[1]["goal_met"] is None

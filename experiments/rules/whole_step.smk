@@ -35,7 +35,7 @@ rule whole_step_point:
         variants=" ".join(WHOLE_STEP["variants"]),
     shell:
         "{PYTHON_M} experiments.whole_step --network {wildcards.network}"
-        " --width {params.net[width]} --batch {params.net[batch]} --size {params.cfg[size]}"
+        " --width {params.net[width]} --batch {params.net[batch]} --size {params.net[size]}"
         " --classes {params.cfg[classes]} --modes {params.modes} --variants {params.variants}"
         " --device {DEVICE} --dtype {params.cfg[dtype]} --threads {threads}"
         " --warmup {params.cfg[warmup]} --repeats {params.cfg[repeats]} --out {output}"
