@@ -80,10 +80,12 @@ def time_interleaved(fns, warmup, repeats, device="cpu", setups=None, seed=0):
     Each round calls every ``fn`` once, in an order drawn afresh for the round (a permutation
     from ``random.Random(seed)``: the same orders on every run), so no callable is always the
     first, or always the one after the same neighbour. What a call leaves behind reaches all of
-    them alike: a warm or a cold cache, or a thread pool gone to sleep (on a CPU, the OpenMP
-    threads that torch's operators and numba's loops share sleep after a spell of waiting, and
-    waking them costs the next parallel call a fixed delay that a fixed order would charge to
-    one contender only). The first ``warmup`` rounds are not
+    them alike: a warm or a cold cache, or a thread pool gone to sleep or still spinning (on a
+    CPU, torch's operators and numba's loops each run on an OpenMP pool of their own, two
+    copies of libgomp in one process; a pool's threads spin for a while after their work and
+    then sleep, and the next parallel call pays for waking them, or shares the cores with the
+    other pool's spinning threads, a cost that a fixed order would charge to one contender
+    only). The first ``warmup`` rounds are not
     timed. ``setups`` (``{name: setup}``, optional per name) works as ``setup`` of
     :func:`time_callable`. Returns ``{name: dict(median_s, min_s, max_s, repeats)}`` in the
     order of ``fns``.
