@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import layers
 from abn_reference import INVERTIBLE, composite, reference_step
@@ -1185,3 +1186,67 @@ def test_ncs_kernels_walk_every_row_for_any_chunking():
                                            q.numpy(), coef.numpy(), slope, floor, chunks)
         k0, k1, k2 = (k[:, None] for k in coef)
         torch.testing.assert_close(grad, dy * k0 + v * k1 + k2)
+
+
+# --------------------------------------------------------------------------- host path per call
+class _DispatchedOps(TorchDispatchMode):
+    """The ATen operators dispatched while entered (names, with repeats)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+#: What a backend's whole step may dispatch besides its kernels: allocations, views of its
+#: arguments and (``aten.lift_fresh``) tensors over the arrays the CPU kernels wrote. Anything
+#: else is per-channel arithmetic outside the kernels or, where it reads a value back
+#: (``aten._local_scalar_dense``, a copy to the CPU), a synchronisation on a GPU.
+_STEP_OPERATORS = {"aten.empty", "aten.empty_like", "aten.empty_strided", "aten.zeros",
+                   "aten.zero_", "aten.fill_", "aten.detach", "aten.view", "aten.select",
+                   "aten.alias", "aten.lift_fresh"}
+#: Kernel launches of one training call's whole steps (InPlace-ABN II with weight and bias), per
+#: backend: on the CPU one compiled call each way; on CUDA the forward's statistics, per-channel
+#: state and output, the backward's sums, per-channel gradients and input gradient (variant II
+#: reads no ``p``, ``q``).
+_LAUNCHES = {"layers.kernels.cpu": {"forward_step": 1, "backward_step": 1},
+             "layers.kernels.cuda": {"forward_step": 3, "backward_step": 3}}
+
+
+@kernels
+def test_a_layer_call_is_one_whole_step_each_way_of_kernels_and_allocations(monkeypatch):
+    """Per training call, InPlace-ABN hands its backend one whole step each way, which runs its
+    kernel launches with nothing but allocations and views between them: the per-channel
+    arithmetic stays in the kernels and no operator reads a value back to the host (issue 59,
+    a GPU path whose cost is its kernels). Run on the CPU kernels and, under
+    ``LAYERS_KERNELS=cudasim``, on the CUDA ones."""
+    x, grad = random_input((4, 3, 5, 5))
+    leaf = x.detach().clone().requires_grad_()
+    backend = layers.kernels.backend(x)
+    launch = backend._launch  # each backend's one launch function
+    launched, dispatched = [], {}
+
+    def trace(name, step):
+        def traced(*args, **kwargs):
+            launched.append(name)
+            with _DispatchedOps() as ops:
+                result = step(*args, **kwargs)
+            dispatched.setdefault(name, []).append(set(ops.names))
+            return result
+        return traced
+
+    for name in ("forward_step", "backward_step"):
+        monkeypatch.setattr(backend, name, trace(name, getattr(backend, name)))
+    monkeypatch.setattr(backend, "_launch",
+                        lambda *args: launched.append("launch") or launch(*args))
+    layer = make_layer(layers.InPlaceABN, variant="II")
+    layer(leaf * 1).backward(grad)
+    expected = _LAUNCHES[backend.__name__]
+    # each step once, its launches inside it
+    assert launched == [step for step, count in expected.items()
+                        for step in [step] + ["launch"] * count], launched
+    for name, (ops,) in dispatched.items():
+        assert ops <= _STEP_OPERATORS, f"{name} dispatched {sorted(ops)}"
