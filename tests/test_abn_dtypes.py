@@ -8,6 +8,7 @@ incoming gradient, with tolerances per dtype: the output and the input gradient 
 re-run on the CUDA kernels under numba's simulator (``test_cudasim_layers.py``).
 """
 import copy
+import functools
 import itertools
 
 import numpy as np
@@ -579,12 +580,20 @@ def _train(model, autocast_dtype, steps=5):
     return torch.tensor(losses), received, model
 
 
+@functools.lru_cache(maxsize=None)
+def _float32_run(name):
+    """The model ``name`` (seeded) and its float32 training, the reference of both 16-bit
+    dtypes: computed once per model (the same seed gives the same model and losses)."""
+    torch.manual_seed(0)
+    model = MODELS[name]()
+    reference, received, _ = _train(model, None)
+    return model, reference, received
+
+
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_model_trains_under_cpu_autocast_and_follows_float32(name, dtype):
-    torch.manual_seed(0)
-    model = MODELS[name]()
-    reference, received32, _ = _train(model, None)
+    model, reference, received32 = _float32_run(name)
     losses, received, trained = _train(model, dtype)
     assert received32 == {torch.float32} and received == {dtype}
     torch.testing.assert_close(losses, reference, rtol=VALUE_TOL[dtype], atol=0)
