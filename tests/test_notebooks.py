@@ -1,5 +1,6 @@
 """Every figure notebook executes top to bottom against a small artifact set and writes its
 figure (PNG, PDF) and table (Markdown, LaTeX)."""
+import itertools
 import shutil
 from pathlib import Path
 
@@ -122,6 +123,22 @@ def _command(experiment, name, args, root, data):
             "--work-dir", paths.work_dir(experiment, RUN, name, root)]
 
 
+def _commands(root, data):
+    """The command lines of the tiny benchmark and of every tiny point, writing under ``root``.
+
+    The points of one experiment compile the same numba kernels: one point of every experiment
+    comes before the second point of any, so that (run side by side, from an empty disk cache)
+    a second point starts once its experiment's first has compiled them, and loads them."""
+    commands = [["experiments.bench_kernels", *TINY_BENCH,
+                 "--out", paths.bench_kernels_json(RUN, root)]]
+    per_experiment = [[[f"experiments.{experiment}", *_command(experiment, name, args, root, data)]
+                       for name, args in points.items()]
+                      for experiment, points in {**TINY_POINTS, **TINY_TRAINING}.items()]
+    for points in itertools.zip_longest(*per_experiment):
+        commands.extend(command for command in points if command is not None)
+    return commands
+
+
 @pytest.fixture(scope="module")
 def artifact_set(tmp_path_factory):
     """Tiny real points of every experiment (measured in parallel, the training ones on
@@ -133,13 +150,7 @@ def artifact_set(tmp_path_factory):
     generate_imagenet(data / "imagenet", classes=4, train_per_class=4, val_per_class=2)
     generate_cityscapes(data / "cityscapes", train_images=4, val_images=2, size=(64, 32))
     shutil.copytree(ROOT / "artifacts" / "paper", root / "paper")
-    commands = [["experiments.bench_kernels", *TINY_BENCH,
-                 "--out", paths.bench_kernels_json(RUN, root)]]
-    for experiment, points in {**TINY_POINTS, **TINY_TRAINING}.items():
-        for name, args in points.items():
-            commands.append([f"experiments.{experiment}",
-                             *_command(experiment, name, args, root, data)])
-    for run in run_modules(commands):
+    for run in run_modules(_commands(root, data)):
         assert run.returncode == 0, run.stderr
     for experiment, points in {**TINY_POINTS, **TINY_TRAINING}.items():
         aggregate.main([*(paths.point_json(experiment, RUN, p, root) for p in points),
